@@ -1,0 +1,97 @@
+// Op definitions for CustomLoss and its gradient, with shape inference.
+//
+// Registered from a static initializer: tf.load_op_library dlopens the library and collects the
+// ops registered while it loads (it does not call TF_InitKernel).
+#include <cstdio>
+
+#include "csrc/problem.h"
+#include "tensorflow/c/ops.h"
+
+namespace tf_metal_ops {
+namespace {
+
+struct ShapeHandleDeleter {
+  void operator()(TF_ShapeHandle* handle) const { TF_DeleteShapeHandle(handle); }
+};
+using ShapeHandlePtr = std::unique_ptr<TF_ShapeHandle, ShapeHandleDeleter>;
+ShapeHandlePtr NewShape() { return ShapeHandlePtr(TF_NewShapeHandle()); }
+
+// Both ops' outputs are a prefix of, or all of, the logits' shape: [..., C] -> [...] for the
+// loss, [..., C] for the gradient. Mismatches between the inputs are reported by the kernels
+// (and, with static shapes, by the Python wrapper with both shapes named), so the shape
+// function only insists on what every caller needs: logits of rank >= 1.
+void InferShape(TF_ShapeInferenceContext* ctx, TF_Status* status, bool keep_class_axis) {
+  ShapeHandlePtr logits = NewShape();
+  TF_ShapeInferenceContextGetInput(ctx, kLogits, logits.get(), status);
+  if (TF_GetCode(status) != TF_OK) return;
+  ShapeHandlePtr checked = NewShape();
+  TF_ShapeInferenceContextWithRankAtLeast(ctx, logits.get(), 1, checked.get(), status);
+  if (TF_GetCode(status) != TF_OK) {
+    TF_SetStatus(status, TF_INVALID_ARGUMENT,
+                 "TfMetalOps>CustomLoss: logits must have rank >= 1 ([..., num_classes])");
+    return;
+  }
+  if (keep_class_axis || !TF_ShapeInferenceContextRankKnown(ctx, checked.get())) {
+    if (!keep_class_axis) {
+      TF_ShapeInferenceContextSetUnknownShape(ctx, status);
+      return;
+    }
+    TF_ShapeInferenceContextSetOutput(ctx, kOutput, checked.get(), status);
+    return;
+  }
+  ShapeHandlePtr rows = NewShape();
+  TF_ShapeInferenceContextSubshape(ctx, checked.get(), 0, -1, rows.get(), status);
+  if (TF_GetCode(status) != TF_OK) return;
+  TF_ShapeInferenceContextSetOutput(ctx, kOutput, rows.get(), status);
+}
+
+void InferLossShape(TF_ShapeInferenceContext* ctx, TF_Status* status) {
+  InferShape(ctx, status, /*keep_class_axis=*/false);
+}
+void InferGradientShape(TF_ShapeInferenceContext* ctx, TF_Status* status) {
+  InferShape(ctx, status, /*keep_class_axis=*/true);
+}
+
+void AddCommonSignature(TF_OpDefinitionBuilder* builder) {
+  TF_OpDefinitionBuilderAddAttr(builder, "T: {half, bfloat16, float, double}");
+  TF_OpDefinitionBuilderAddAttr(builder,
+                                "Tlabels: {int32, int64, half, bfloat16, float, double}");
+  TF_OpDefinitionBuilderAddAttr(builder, "gamma: float = 0.0");
+  TF_OpDefinitionBuilderAddAttr(builder, "label_smoothing: float = 0.0");
+  TF_OpDefinitionBuilderAddAttr(builder, "has_ignore_class: bool = false");
+  TF_OpDefinitionBuilderAddAttr(builder, "ignore_class: int = 0");
+  TF_OpDefinitionBuilderAddInput(builder, "logits: T");
+  TF_OpDefinitionBuilderAddInput(builder, "labels: Tlabels");
+  TF_OpDefinitionBuilderAddInput(builder, "class_weights: float");
+}
+
+void Register(TF_OpDefinitionBuilder* builder, const char* name) {
+  StatusPtr status = NewStatus();
+  TF_RegisterOpDefinition(builder, status.get());  // takes ownership of the builder
+  if (TF_GetCode(status.get()) != TF_OK) {
+    // A static initializer has nobody to return an error to; TensorFlow then reports the op as
+    // unknown when it is used, and this line says why.
+    std::fprintf(stderr, "tf_metal_ops: registering op %s failed: %s\n", name,
+                 TF_Message(status.get()));
+  }
+}
+
+void RegisterOps() {
+  TF_OpDefinitionBuilder* forward = TF_NewOpDefinitionBuilder(kForwardOpName);
+  AddCommonSignature(forward);
+  TF_OpDefinitionBuilderAddOutput(forward, "loss: T");
+  TF_OpDefinitionBuilderSetShapeInferenceFunction(forward, &InferLossShape);
+  Register(forward, kForwardOpName);
+
+  TF_OpDefinitionBuilder* gradient = TF_NewOpDefinitionBuilder(kGradientOpName);
+  AddCommonSignature(gradient);
+  TF_OpDefinitionBuilderAddInput(gradient, "upstream: T");
+  TF_OpDefinitionBuilderAddOutput(gradient, "grad_logits: T");
+  TF_OpDefinitionBuilderSetShapeInferenceFunction(gradient, &InferGradientShape);
+  Register(gradient, kGradientOpName);
+}
+
+const bool ops_registered = (RegisterOps(), true);
+
+}  // namespace
+}  // namespace tf_metal_ops

@@ -1,0 +1,85 @@
+// The platform-neutral description of one CustomLoss / CustomLossGrad execution.
+//
+// Every backend (the CPU loop, the Metal encoder) starts from the same CustomLossProblem, built
+// and validated here once: attributes are read and checked when the kernel is constructed,
+// input shapes when it runs. Label *values* are checked by the backends themselves, because on
+// the GPU they are not readable by the host (see csrc/metal/ and kernels/custom_loss.h).
+#ifndef TF_METAL_OPS_CSRC_PROBLEM_H_
+#define TF_METAL_OPS_CSRC_PROBLEM_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "csrc/tf_c.h"
+
+namespace tf_metal_ops {
+
+inline constexpr const char kForwardOpName[] = "TfMetalOps>CustomLoss";
+inline constexpr const char kGradientOpName[] = "TfMetalOps>CustomLossGrad";
+
+// Input and output positions, shared by the op definitions and every kernel.
+enum InputIndex : int { kLogits = 0, kLabels = 1, kClassWeights = 2, kUpstream = 3 };
+enum OutputIndex : int { kOutput = 0 };
+
+enum class LabelKind : int32_t { kSparseInt32 = 0, kSparseInt64 = 1, kDense = 2 };
+enum class Direction : int32_t { kForward = 0, kGradient = 1 };
+
+// The op's attributes, read once per kernel instance.
+struct CustomLossAttrs {
+  std::string node_name;  // for error messages: which op in the user's graph failed
+  Direction direction = Direction::kForward;
+  TF_DataType logits_dtype = TF_FLOAT;
+  TF_DataType labels_dtype = TF_INT32;
+  LabelKind label_kind = LabelKind::kSparseInt32;
+  float gamma = 0.0f;
+  float label_smoothing = 0.0f;
+  bool has_ignore_class = false;
+  int64_t ignore_class = 0;
+};
+
+struct CustomLossProblem {
+  CustomLossAttrs attrs;
+  int64_t num_rows = 0;     // product of logits.shape[:-1]
+  int64_t num_classes = 0;  // logits.shape[-1]
+  bool has_class_weights = false;  // false: class_weights is empty and every a_c is 1
+  std::vector<int64_t> logits_dims;
+  std::vector<int64_t> row_dims;  // logits_dims without the class axis: the loss's shape
+};
+
+// The inputs of one execution, owned for the duration of Compute.
+struct CustomLossInputs {
+  TensorPtr logits;
+  TensorPtr labels;
+  TensorPtr class_weights;
+  TensorPtr upstream;  // gradient op only
+};
+
+// Reads and checks the attributes (gamma >= 0 and finite, 0 <= label_smoothing <= 1, the label
+// dtype matches the logits dtype when labels are dense). Called from every backend's create.
+Error ReadAttrs(TF_OpKernelConstruction* ctx, Direction direction, CustomLossAttrs* attrs);
+
+// Fetches the inputs and checks their shapes against each other and their dtypes against the
+// attributes; fills `problem`. Does not read tensor values, so it works on GPU tensors too.
+Error DescribeProblem(TF_OpKernelContext* ctx, const CustomLossAttrs& attrs,
+                      CustomLossInputs* inputs, CustomLossProblem* problem);
+
+// "[2, 3, 10]": for messages.
+std::string ShapeString(const std::vector<int64_t>& dims);
+// "labels[1, 2]": the multi-index of flat row `row` of a tensor whose leading dims are `dims`.
+std::string RowIndexString(const std::vector<int64_t>& dims, int64_t row);
+// "TfMetalOps>CustomLoss (node 'name')": the prefix of every error message.
+std::string OpDescription(const CustomLossAttrs& attrs);
+
+// The message for a sparse label outside [0, C) that is not ignore_class; shared by the CPU
+// kernel (raised at once) and the GPU error buffer (raised after commitAndWait).
+Error BadLabelError(const CustomLossProblem& problem, int64_t row, int64_t label);
+// Same for a negative or NaN class weight found at run time.
+Error BadClassWeightError(const CustomLossProblem& problem, int64_t index, double value);
+
+// Allocates output 0 with the op's output shape (per-row loss, or d logits).
+Error AllocateOutput(TF_OpKernelContext* ctx, const CustomLossProblem& problem, TensorPtr* out);
+
+}  // namespace tf_metal_ops
+
+#endif  // TF_METAL_OPS_CSRC_PROBLEM_H_

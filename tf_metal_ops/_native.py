@@ -1,0 +1,124 @@
+"""Finds and loads the native library once, after checking the installed TensorFlow.
+
+The library `_tf_metal_ops.<ext>` is both TensorFlow's op library (ops and kernels registered
+through the C API) and a pybind11 module (runtime settings). Order matters: TensorFlow collects
+the ops a library registers while `tf.load_op_library` loads it, so the op library is loaded
+before Python imports the same file as a module (which then reuses the loaded image, so both
+see one set of process-wide settings).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.machinery
+import os
+import warnings
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Dict, Tuple
+
+MIN_TENSORFLOW = (2, 16)  # the first TensorFlow with Keras 3
+NEWEST_TESTED_TENSORFLOW = (2, 21)
+LIBRARY_STEM = "_tf_metal_ops"
+COMMIT_AND_WAIT_ENV = "TF_METAL_OPS_COMMIT_AND_WAIT"
+
+
+class NativeLibraryError(ImportError):
+    """The native library or a compatible TensorFlow is missing: one actionable sentence."""
+
+
+def parse_version(version: str) -> Tuple[int, int]:
+    parts = version.split(".")
+    try:
+        return int(parts[0]), int("".join(ch for ch in parts[1] if ch.isdigit()) or 0)
+    except (IndexError, ValueError):
+        return (0, 0)
+
+
+def check_tensorflow_version(version: str) -> None:
+    """Raises NativeLibraryError for a TensorFlow older than 2.16; warns past the newest tested."""
+    found = parse_version(version)
+    if found < MIN_TENSORFLOW:
+        raise NativeLibraryError(
+            f"tf_metal_ops needs TensorFlow >= {MIN_TENSORFLOW[0]}.{MIN_TENSORFLOW[1]} "
+            f"(Keras 3), but TensorFlow {version} is installed: "
+            "run `pip install -U tensorflow-cpu` (Linux) or `pip install -U tensorflow` (macOS)."
+        )
+    if found > NEWEST_TESTED_TENSORFLOW:
+        warnings.warn(
+            f"tf_metal_ops was tested with TensorFlow up to {NEWEST_TESTED_TENSORFLOW[0]}."
+            f"{NEWEST_TESTED_TENSORFLOW[1]}; TensorFlow {version} is newer and untested.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+
+def library_path() -> Path:
+    """Path of the native library inside the installed package."""
+    package_dir = Path(__file__).resolve().parent
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        candidate = package_dir / f"{LIBRARY_STEM}{suffix}"
+        if candidate.exists():
+            return candidate
+    raise NativeLibraryError(
+        f"tf_metal_ops's native library ({LIBRARY_STEM}*.so) is missing from {package_dir}: "
+        "reinstall the package with `pip install .` from a source checkout, or build it in "
+        "place with `python setup.py build_ext --inplace`."
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def load() -> Tuple[ModuleType, ModuleType]:
+    """Returns (op module, runtime module), loading them on first use."""
+    try:
+        import tensorflow as tf
+    except ImportError as error:
+        raise NativeLibraryError(
+            "tf_metal_ops needs TensorFlow, which is not installed: run "
+            "`pip install tensorflow-cpu` (Linux) or `pip install tensorflow` (macOS), "
+            "or install this package with the [cpu] extra."
+        ) from error
+    check_tensorflow_version(tf.__version__)
+    path = library_path()
+    try:
+        ops = tf.load_op_library(str(path))
+    except (tf.errors.NotFoundError, OSError) as error:
+        raise NativeLibraryError(
+            f"TensorFlow {tf.__version__} could not load {path}: {error}. Rebuild the package "
+            "against this TensorFlow with `pip install --no-build-isolation .`."
+        ) from error
+    from tf_metal_ops import _tf_metal_ops as runtime  # same image, now loaded
+
+    if os.environ.get(COMMIT_AND_WAIT_ENV, "").strip().lower() in ("1", "true", "yes", "on"):
+        runtime.set_commit_mode("commit_and_wait")
+    return ops, runtime
+
+
+def op_module() -> ModuleType:
+    return load()[0]
+
+
+def runtime() -> ModuleType:
+    return load()[1]
+
+
+def build_info() -> Dict[str, Any]:
+    """Build information of the native library plus where it was loaded from."""
+    info = dict(runtime().build_info())
+    info["library_path"] = str(library_path())
+    return info
+
+
+TENSORFLOW_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-macos", "tf-nightly")
+
+
+def installed_tensorflow_version() -> "str | None":
+    """The installed TensorFlow's version from package metadata, without importing it."""
+    import importlib.metadata
+
+    for name in TENSORFLOW_DISTRIBUTIONS:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None

@@ -1,0 +1,125 @@
+"""`CustomLoss`: the Keras face of `custom_loss`."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional, Sequence
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tf_metal_ops.ops import (
+    check_class_weights_values,
+    check_gamma,
+    check_ignore_class,
+    check_label_smoothing,
+    custom_loss,
+)
+
+try:  # Keras >= 3.6 keeps tensor attributes in its own table
+    from keras.src.backend.common.masking import set_keras_mask as _set_keras_mask
+except ImportError:  # older Keras 3 reads the attribute straight off the tensor
+
+    def _set_keras_mask(tensor: tf.Tensor, mask: tf.Tensor) -> None:
+        tensor._keras_mask = mask
+
+
+def _require_tensorflow_backend() -> None:
+    backend = keras.backend.backend()
+    if backend != "tensorflow":
+        raise RuntimeError(
+            f"tf_metal_ops.CustomLoss runs as a TensorFlow op and needs the TensorFlow Keras "
+            f"backend, but KERAS_BACKEND is '{backend}': set KERAS_BACKEND=tensorflow."
+        )
+
+
+@keras.saving.register_keras_serializable(package="tf_metal_ops")
+class CustomLoss(keras.losses.Loss):
+    """Fused focal / label-smoothed softmax cross-entropy for Keras.
+
+    Computes, per example, `- sum_c a_c * q_c * (1 - p_c)^gamma * log p_c` with
+    `q = (1 - label_smoothing) * one_hot(y) + label_smoothing / C` and `p = softmax(logits)`, as
+    one native op (CPU, or Apple GPU through tensorflow-metal). With the defaults it equals
+    `keras.losses.SparseCategoricalCrossentropy(from_logits=True)`; with
+    `class_weights=alpha` it equals `keras.losses.CategoricalFocalCrossentropy(alpha, gamma,
+    from_logits=True, label_smoothing)` without Keras's clipping of `p` to `[1e-7, 1 - 1e-7]`.
+
+    Labels may be class ids (`[batch, ...]` or `[batch, ..., 1]`, ints or whole floats) or
+    dense targets with the predictions' shape.
+
+    Args:
+        gamma: focusing parameter `>= 0`; 0 is plain cross-entropy.
+        label_smoothing: in `[0, 1]`.
+        class_weights: optional list of `C` weights `>= 0`.
+        from_logits: whether `y_pred` holds logits (default) or probabilities; probabilities
+            are turned into logits with `log`, so a probability of 0 is a masked class.
+        ignore_class: optional class id whose examples get loss 0 and are left out of the
+            `"sum_over_batch_size"` average, as in Keras's sparse cross-entropy.
+        reduction: as for every Keras loss (`"sum_over_batch_size"`, `"sum"`, `None`, ...).
+        name: name of the loss.
+        dtype: dtype of the loss computation, as for every Keras loss.
+
+    Example:
+
+    ```python
+    model.compile(optimizer="adam",
+                  loss=tf_metal_ops.CustomLoss(gamma=2.0, label_smoothing=0.1))
+    ```
+    """
+
+    def __init__(
+        self,
+        gamma: float = 0.0,
+        label_smoothing: float = 0.0,
+        class_weights: Optional[Sequence[float]] = None,
+        from_logits: bool = True,
+        ignore_class: Optional[int] = None,
+        reduction: Optional[str] = "sum_over_batch_size",
+        name: str = "custom_loss",
+        dtype: Any = None,
+    ) -> None:
+        _require_tensorflow_backend()
+        super().__init__(name=name, reduction=reduction, dtype=dtype)
+        self.gamma = check_gamma(gamma)
+        self.label_smoothing = check_label_smoothing(label_smoothing)
+        weights = None if class_weights is None else check_class_weights_values(class_weights)
+        if class_weights is not None and weights is None:
+            raise ValueError(
+                "class_weights of CustomLoss must be known values (a list or an array), not a "
+                "symbolic tensor; for weights that change during training call "
+                "tf_metal_ops.custom_loss directly"
+            )
+        self.class_weights = None if weights is None else [float(w) for w in weights]
+        if not isinstance(from_logits, (bool, np.bool_)):
+            raise TypeError(f"from_logits must be True or False, got {from_logits!r}")
+        self.from_logits = bool(from_logits)
+        self.ignore_class = check_ignore_class(ignore_class)
+
+    def call(self, y_true: tf.Tensor, y_pred: tf.Tensor) -> tf.Tensor:
+        logits = y_pred if self.from_logits else tf.math.log(y_pred)
+        losses = custom_loss(
+            y_true,
+            logits,
+            gamma=self.gamma,
+            label_smoothing=self.label_smoothing,
+            class_weights=self.class_weights,
+            ignore_class=self.ignore_class,
+        )
+        if self.ignore_class is not None:
+            # Ignored examples drop out of the average, not only out of the sum.
+            labels = tf.convert_to_tensor(y_true)
+            if labels.shape.rank == losses.shape.rank + 1:
+                labels = tf.squeeze(labels, axis=-1)
+            _set_keras_mask(losses, tf.not_equal(labels, tf.cast(self.ignore_class, labels.dtype)))
+        return losses
+
+    def get_config(self) -> Dict[str, Any]:
+        config = super().get_config()
+        config.update(
+            gamma=self.gamma,
+            label_smoothing=self.label_smoothing,
+            class_weights=self.class_weights,
+            from_logits=self.from_logits,
+            ignore_class=self.ignore_class,
+        )
+        return config

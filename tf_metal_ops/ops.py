@@ -1,0 +1,289 @@
+"""`custom_loss`: argument checks, the raw op call, and the gradient registration.
+
+Checks happen here, where the values enter, so a mistake is reported with the argument's name
+and value at trace time. The native op checks shapes again at run time (for shapes unknown
+while tracing) and label values on every call.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any, Optional, Sequence, Union
+
+import numpy as np
+import tensorflow as tf
+
+from tf_metal_ops import _native
+
+FORWARD_OP = "TfMetalOps>CustomLoss"
+GRADIENT_OP = "TfMetalOps>CustomLossGrad"
+LOGITS_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
+
+TensorLike = Union[tf.Tensor, tf.Variable, np.ndarray, Sequence[Any], float, int]
+
+
+def check_gamma(gamma: Any) -> float:
+    """Returns gamma as a float, or raises if it is not a finite number >= 0."""
+    if isinstance(gamma, bool) or not isinstance(gamma, numbers.Real):
+        raise TypeError(f"gamma must be a real number >= 0, got {gamma!r}")
+    if not math.isfinite(gamma) or gamma < 0:
+        raise ValueError(f"gamma must be a finite number >= 0, got {gamma!r}")
+    return float(gamma)
+
+
+def check_label_smoothing(label_smoothing: Any) -> float:
+    """Returns label_smoothing as a float, or raises if it is not in [0, 1]."""
+    if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, numbers.Real):
+        raise TypeError(f"label_smoothing must be a number in [0, 1], got {label_smoothing!r}")
+    if not 0.0 <= label_smoothing <= 1.0:  # also rejects NaN
+        raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing!r}")
+    return float(label_smoothing)
+
+
+def check_ignore_class(ignore_class: Any) -> Optional[int]:
+    """Returns ignore_class as an int (or None), or raises if it is not a whole number."""
+    if ignore_class is None:
+        return None
+    if isinstance(ignore_class, bool) or not isinstance(ignore_class, numbers.Integral):
+        raise TypeError(f"ignore_class must be an int or None, got {ignore_class!r}")
+    return int(ignore_class)
+
+
+def check_class_weights_values(class_weights: Any) -> Optional[np.ndarray]:
+    """Checks class weights known in Python (a list, an array, an eager tensor).
+
+    Returns them as a float64 vector, or None when they are a symbolic tensor whose values are
+    only known at run time (then the kernel checks them).
+    """
+    if isinstance(class_weights, (tf.Tensor, tf.Variable)):
+        values = tf.get_static_value(class_weights)
+        if values is None:
+            return None
+    else:
+        values = class_weights
+    try:
+        array = np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError) as error:
+        raise TypeError(f"class_weights must be a vector of numbers, got {class_weights!r}") from error
+    if array.ndim != 1:
+        raise ValueError(f"class_weights must be a vector (rank 1), got shape {list(array.shape)}")
+    bad = np.flatnonzero(~(np.isfinite(array) & (array >= 0)))
+    if bad.size:
+        index = int(bad[0])
+        raise ValueError(
+            f"class_weights must be finite numbers >= 0, got class_weights[{index}] = {array[index]}"
+        )
+    return array
+
+
+def _logits_tensor(logits: TensorLike) -> tf.Tensor:
+    if isinstance(logits, (tf.Tensor, tf.Variable)):
+        tensor = tf.convert_to_tensor(logits)
+    else:
+        array = np.asarray(logits)
+        if array.dtype.kind not in "f":
+            raise TypeError(
+                f"logits must be floating point (float16, bfloat16, float32 or float64), got "
+                f"dtype {array.dtype}"
+            )
+        tensor = tf.convert_to_tensor(array)
+    if tensor.dtype not in LOGITS_DTYPES:
+        raise TypeError(
+            "logits must be floating point (float16, bfloat16, float32 or float64), got dtype "
+            f"{tensor.dtype.name}"
+        )
+    shape = tensor.shape
+    if shape.rank == 0:
+        raise ValueError("logits must have shape [..., num_classes] (rank >= 1), got a scalar")
+    if shape.rank is not None and shape[-1] == 0:
+        raise ValueError(f"logits must have at least one class, got shape {shape}")
+    return tensor
+
+
+def _is_dense(labels: tf.Tensor, logits: tf.Tensor) -> bool:
+    """Integer labels are class ids; float labels are dense rows when they have the logits' rank
+    (a trailing dimension of 1 beside more than one class means class ids, as Keras passes them)."""
+    if labels.dtype.is_integer:
+        return False
+    if not labels.dtype.is_floating:
+        raise TypeError(
+            f"labels must be integer class ids or floating-point targets, got dtype {labels.dtype.name}"
+        )
+    label_rank, logits_rank = labels.shape.rank, logits.shape.rank
+    if label_rank is None or logits_rank is None:
+        raise ValueError(
+            "custom_loss needs the rank of float labels and of logits to tell class ids from "
+            f"dense targets; got labels shape {labels.shape} and logits shape {logits.shape}"
+        )
+    if label_rank == logits_rank - 1:
+        return False
+    if label_rank == logits_rank:
+        return not (labels.shape[-1] == 1 and logits.shape[-1] != 1)
+    raise ValueError(
+        "labels must have shape logits.shape[:-1] (class ids, optionally with a trailing 1) or "
+        f"logits.shape (dense targets); got labels shape {labels.shape} and logits shape "
+        f"{logits.shape}"
+    )
+
+
+def _sparse_labels(labels: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
+    rows = logits.shape[:-1]
+    shape = labels.shape
+    if shape.rank is not None and rows.rank is not None and shape.rank == rows.rank + 1:
+        if shape[-1] not in (1, None):
+            raise ValueError(
+                f"sparse labels must have shape logits.shape[:-1] (optionally with a trailing 1); "
+                f"got labels shape {shape} and logits shape {logits.shape}"
+            )
+        shape = shape[:-1]
+    if not shape.is_compatible_with(rows):
+        raise ValueError(
+            f"sparse labels must have shape logits.shape[:-1] (optionally with a trailing 1); "
+            f"got labels shape {labels.shape} and logits shape {logits.shape}"
+        )
+    if labels.dtype in (tf.int32, tf.int64):
+        return labels
+    if labels.dtype.is_integer:
+        return tf.cast(labels, tf.int64)
+    # Keras hands class ids over as floats: accept whole numbers, refuse anything else rather
+    # than truncating it to a neighbouring class.
+    as_int = tf.cast(labels, tf.int64)
+    check = tf.debugging.assert_equal(
+        tf.cast(as_int, labels.dtype),
+        labels,
+        message="custom_loss: float labels must hold whole class ids",
+    )
+    with tf.control_dependencies([check]):
+        return tf.identity(as_int)
+
+
+def _dense_labels(labels: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
+    if not labels.shape.is_compatible_with(logits.shape):
+        raise ValueError(
+            f"dense labels must have the logits' shape; got labels shape {labels.shape} and "
+            f"logits shape {logits.shape}"
+        )
+    return tf.cast(labels, logits.dtype)
+
+
+def _class_weights_tensor(class_weights: Any, logits: tf.Tensor) -> tf.Tensor:
+    if class_weights is None:
+        return tf.zeros([0], tf.float32)  # the op's "every weight is 1"
+    values = check_class_weights_values(class_weights)
+    tensor = tf.cast(class_weights if values is None else values, tf.float32)
+    if tensor.shape.rank not in (None, 1):
+        raise ValueError(f"class_weights must be a vector (rank 1), got shape {tensor.shape}")
+    num_classes = logits.shape[-1]
+    length = tensor.shape[0] if tensor.shape.rank == 1 else None
+    if num_classes is not None and length is not None and length != num_classes:
+        raise ValueError(
+            f"class_weights must have one entry per class; got class_weights shape "
+            f"{tensor.shape} and logits shape {logits.shape}"
+        )
+    return tensor
+
+
+def custom_loss(
+    labels: TensorLike,
+    logits: TensorLike,
+    *,
+    gamma: float = 0.0,
+    label_smoothing: float = 0.0,
+    class_weights: Optional[TensorLike] = None,
+    ignore_class: Optional[int] = None,
+    name: Optional[str] = None,
+) -> tf.Tensor:
+    """Fused focal / label-smoothed softmax cross-entropy, one value per example.
+
+    For logits `z` of shape `[..., C]` and targets `t` (one-hot of the class ids, or dense rows):
+
+        q_c   = (1 - label_smoothing) * t_c + label_smoothing / C
+        loss  = - sum_c a_c * q_c * (1 - p_c)^gamma * log p_c,     p = softmax(z)
+
+    computed stably in float32 (float64 for float64 logits) with no clipping of `p`. With the
+    defaults it is exactly sparse softmax cross-entropy.
+
+    Args:
+        labels: class ids of shape `logits.shape[:-1]` (any integer dtype, or floats holding
+            whole numbers; a trailing dimension of 1 is accepted), or dense targets of shape
+            `logits.shape` (a float dtype).
+        logits: unnormalized scores, `[..., C]`, float16, bfloat16, float32 or float64.
+        gamma: focusing parameter, `>= 0`; 0 gives cross-entropy.
+        label_smoothing: in `[0, 1]`.
+        class_weights: optional vector of `C` weights `>= 0` (`a_c`). Passed as a tensor input,
+            so changing its values retraces nothing.
+        ignore_class: optional class id (sparse labels only) whose rows get loss 0 and
+            gradient 0; it may lie outside `[0, C)` (e.g. -1 or 255).
+        name: optional name scope.
+
+    Returns:
+        The per-example loss, shape `logits.shape[:-1]`, dtype of `logits`.
+
+    Raises:
+        TypeError: logits that are not floating point; labels of another kind.
+        ValueError: shapes that do not match (both are named), gamma < 0 or NaN,
+            label_smoothing outside [0, 1], negative or NaN class weights.
+        tf.errors.InvalidArgumentError: at run time, a class id outside `[0, C)` that is not
+            `ignore_class` (the message names the example's index and the value), or shapes
+            that were unknown while tracing and do not match.
+
+    Differentiable with respect to `logits` (labels and class weights get no gradient). The
+    gradient op recomputes the softmax from the logits instead of saving it. Second
+    derivatives are not implemented: asking for one raises `NotImplementedError`.
+    """
+    gamma = check_gamma(gamma)
+    label_smoothing = check_label_smoothing(label_smoothing)
+    ignore_class = check_ignore_class(ignore_class)
+    with tf.name_scope(name or "custom_loss"):
+        logits_t = _logits_tensor(logits)
+        labels_t = tf.convert_to_tensor(labels)
+        if _is_dense(labels_t, logits_t):
+            if ignore_class is not None:
+                raise ValueError(
+                    f"ignore_class={ignore_class} applies to class-id labels only, but the "
+                    f"labels are dense targets (shape {labels_t.shape})"
+                )
+            labels_t = _dense_labels(labels_t, logits_t)
+        else:
+            labels_t = _sparse_labels(labels_t, logits_t)
+        weights_t = _class_weights_tensor(class_weights, logits_t)
+        return _native.op_module().tf_metal_ops_custom_loss(
+            logits=logits_t,
+            labels=labels_t,
+            class_weights=weights_t,
+            gamma=gamma,
+            label_smoothing=label_smoothing,
+            has_ignore_class=ignore_class is not None,
+            ignore_class=0 if ignore_class is None else ignore_class,
+        )
+
+
+def _op_attrs(op: tf.Operation) -> dict:
+    return {
+        key: op.get_attr(key)
+        for key in ("gamma", "label_smoothing", "has_ignore_class", "ignore_class")
+    }
+
+
+@tf.RegisterGradient(FORWARD_OP)
+def _custom_loss_gradient(op: tf.Operation, upstream: tf.Tensor):
+    logits, labels, class_weights = op.inputs
+    grad_logits = _native.op_module().tf_metal_ops_custom_loss_grad(
+        logits=logits,
+        labels=labels,
+        class_weights=class_weights,
+        upstream=upstream,
+        **_op_attrs(op),
+    )
+    return [grad_logits, None, None]
+
+
+@tf.RegisterGradient(GRADIENT_OP)
+def _second_derivative(op: tf.Operation, upstream: tf.Tensor):
+    # Zeros would be silently wrong (d grad / d logits is a dense Hessian-vector product), so
+    # say plainly that it is missing.
+    raise NotImplementedError(
+        "Second derivatives of tf_metal_ops.custom_loss are not implemented "
+        f"(gradient of {GRADIENT_OP}); use a composed loss for Hessian-vector products."
+    )
