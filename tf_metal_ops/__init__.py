@@ -3,9 +3,11 @@
 `tf_metal_ops.CustomLoss` (Keras) and `tf_metal_ops.custom_loss` (a function) run as one native
 TensorFlow op: on the CPU everywhere, and on Apple-silicon GPUs through tensorflow-metal.
 
-TensorFlow is imported on first use of an attribute that needs it, so
-`tf_metal_ops.reference` (the NumPy oracle) works without TensorFlow. The installed
-TensorFlow's version is checked here, from its package metadata.
+Importing the package checks the installed TensorFlow's version (one clear message if it is
+too old), loads the native library and registers `CustomLoss` with Keras, so
+`keras.models.load_model` finds it after `import tf_metal_ops`. Without TensorFlow the package
+still imports: `tf_metal_ops.reference` (the NumPy oracle) needs only NumPy, and the other names
+raise an ImportError that says what to install.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ __all__ = sorted(_LAZY_ATTRIBUTES) + list(_SUBMODULES)
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY_ATTRIBUTES:
+        _native.load()  # without TensorFlow: an ImportError that says what to install
         value = getattr(importlib.import_module(_LAZY_ATTRIBUTES[name]), name)
         globals()[name] = value
         return value
@@ -51,3 +54,9 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list:
     return sorted(set(globals()) | set(__all__))
+
+
+if _installed is not None:
+    # Eager with TensorFlow present: registers the gradient and the Keras serializable class.
+    for _name in _LAZY_ATTRIBUTES:
+        __getattr__(_name)

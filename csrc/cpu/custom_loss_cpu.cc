@@ -70,15 +70,16 @@ struct DenseTargets {
 template <typename T, typename Targets>
 typename Accumulator<T>::type RowLoss(const RowSetup<T>& setup, const T* z, const Targets& targets) {
   using Acc = typename Accumulator<T>::type;
-  const Acc lse = LogSumExp(z, setup.num_classes);
+  const LogSoftmax<Acc> log_softmax = RowLogSoftmax(z, setup.num_classes);
   if (targets.OnlyLabelled()) {
     const Acc w = targets.Weight(targets.label);
-    return w == 0 ? Acc(0) : -w * Focal<Acc>(Load(z[targets.label]) - lse, setup.gamma).loss;
+    // 0 - x rather than -x: a zero loss is +0, not -0.
+    return w == 0 ? Acc(0) : Acc(0) - w * Focal<Acc>(log_softmax(Load(z[targets.label])), setup.gamma).loss;
   }
   Acc loss = 0;
   for (int64_t c = 0; c < setup.num_classes; ++c) {
     const Acc w = targets.Weight(c);
-    if (w != 0) loss -= w * Focal<Acc>(Load(z[c]) - lse, setup.gamma).loss;
+    if (w != 0) loss -= w * Focal<Acc>(log_softmax(Load(z[c])), setup.gamma).loss;
   }
   return loss;
 }
@@ -91,20 +92,23 @@ void RowGradient(const RowSetup<T>& setup, const T* z, const Targets& targets,
                  std::vector<typename Accumulator<T>::type>* scratch) {
   using Acc = typename Accumulator<T>::type;
   const int64_t num_classes = setup.num_classes;
-  const Acc lse = LogSumExp(z, num_classes);
+  const LogSoftmax<Acc> log_softmax = RowLogSoftmax(z, num_classes);
   if (targets.OnlyLabelled()) {
+    // G = g_y, so d/dz_j = p_j g_y for j != y and (p_y - 1) g_y = -r_y g_y for y: written
+    // with r_y = -expm1(lp_y) it keeps its digits when p_y rounds to 1.
     const int64_t y = targets.label;
-    const Acc g = targets.Weight(y) * Focal<Acc>(Load(z[y]) - lse, setup.gamma).gradient;
+    const Acc lp_y = log_softmax(Load(z[y]));
+    const Acc g = targets.Weight(y) * Focal<Acc>(lp_y, setup.gamma).gradient;
     for (int64_t j = 0; j < num_classes; ++j) {
-      const Acc p = std::exp(Load(z[j]) - lse);
-      Store(upstream * (p * g - (j == y ? g : Acc(0))), &grad[j]);
+      Store(upstream * (std::exp(log_softmax(Load(z[j]))) * g), &grad[j]);
     }
+    Store(upstream * (std::expm1(lp_y) * g), &grad[y]);
     return;
   }
   if (setup.gamma == 0) {  // g_c = w_c
     const Acc total = targets.WeightSum();
     for (int64_t j = 0; j < num_classes; ++j) {
-      const Acc p = std::exp(Load(z[j]) - lse);
+      const Acc p = std::exp(log_softmax(Load(z[j])));
       Store(upstream * (p * total - targets.Weight(j)), &grad[j]);
     }
     return;
@@ -114,11 +118,11 @@ void RowGradient(const RowSetup<T>& setup, const T* z, const Targets& targets,
   Acc total = 0;
   for (int64_t c = 0; c < num_classes; ++c) {
     const Acc w = targets.Weight(c);
-    g[c] = w == 0 ? Acc(0) : w * Focal<Acc>(Load(z[c]) - lse, setup.gamma).gradient;
+    g[c] = w == 0 ? Acc(0) : w * Focal<Acc>(log_softmax(Load(z[c])), setup.gamma).gradient;
     total += g[c];
   }
   for (int64_t j = 0; j < num_classes; ++j) {
-    const Acc p = std::exp(Load(z[j]) - lse);
+    const Acc p = std::exp(log_softmax(Load(z[j])));
     Store(upstream * (p * total - g[j]), &grad[j]);
   }
 }

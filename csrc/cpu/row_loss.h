@@ -36,17 +36,41 @@
 
 namespace tf_metal_ops {
 
-// log sum_c exp(z_c), in two passes (maximum, then the sum) that both vectorize.
+// log_softmax of one row, kept as lp_c = (z_c - max) - log_sum rather than z_c - lse: adding a
+// tiny log_sum to a large max would round it away (30 + 1e-13 == 30 in float32).
+template <typename Acc>
+struct LogSoftmax {
+  Acc max;
+  Acc log_sum;  // log sum_c exp(z_c - max)
+  Acc operator()(Acc z) const { return (z - max) - log_sum; }
+};
+
+// The row's LogSoftmax, in two passes (maximum, then the sum) that both vectorize.
+//
+// Each logit equal to the maximum m contributes exactly 1 to the sum, so the sum is
+// ties + s with s the share of the others, and lse = m + log1p(s + ties - 1). Keeping the 1 out
+// of the float sum keeps s's digits: for a confident row (s < 1e-7 in float32) the labelled
+// class's lp = -log1p(s) stays accurate instead of rounding to 0, and so does r = 1 - p.
+// A NaN logit is never equal to m, so it reaches the sum and makes lse NaN.
 template <typename T, typename Acc = typename Accumulator<T>::type>
-Acc LogSumExp(const T* z, int64_t num_classes) {
+LogSoftmax<Acc> RowLogSoftmax(const T* z, int64_t num_classes) {
   Acc max_value = std::numeric_limits<Acc>::lowest();
   for (int64_t c = 0; c < num_classes; ++c) {
     Acc value = Load(z[c]);
-    max_value = value > max_value ? value : max_value;  // a NaN is caught by the sum below
+    max_value = value > max_value ? value : max_value;
   }
-  Acc sum = 0;
-  for (int64_t c = 0; c < num_classes; ++c) sum += std::exp(Load(z[c]) - max_value);
-  return max_value + std::log(sum);
+  Acc others = 0;
+  Acc ties = 0;
+  for (int64_t c = 0; c < num_classes; ++c) {
+    const Acc value = Load(z[c]);
+    const bool tie = value == max_value;
+    others += tie ? Acc(0) : std::exp(value - max_value);
+    ties += tie ? Acc(1) : Acc(0);
+  }
+  // No logit reached m: every one is -inf (or NaN). The softmax is undefined; log(0) makes lse
+  // -inf and every lp = -inf - (-inf) = NaN, as in the reference.
+  if (ties == 0) return {max_value, std::log(others)};
+  return {max_value, std::log1p(others + (ties - 1))};
 }
 
 // The focal factors of one class, given lp = log p.
