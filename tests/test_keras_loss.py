@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import keras
 import numpy as np
@@ -193,8 +195,16 @@ def test_model_save_and_load_without_custom_objects(tmp_path):
         "import keras, sys, tf_metal_ops; m = keras.models.load_model(sys.argv[1]); "
         "print(type(m.loss).__module__, type(m.loss).__name__, m.loss.gamma)"
     )
+    # Run outside the checkout so the child imports the same tf_metal_ops as this process (the
+    # installed one in CI, the in-place build in development), not the bare source tree.
+    package_parent = str(Path(tf_metal_ops.__file__).resolve().parents[1])
     out = subprocess.run(
-        [sys.executable, "-c", script, str(path)], capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", script, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": package_parent},
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split()[-3:] == ["tf_metal_ops.losses", "CustomLoss", "2.0"]
