@@ -1,0 +1,30 @@
+"""Shared pytest fixtures for the tf_metal_ops test-suite."""
+
+from __future__ import annotations
+
+import importlib.util
+import types
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+REFERENCE_PATH = REPO_ROOT / "tf_metal_ops" / "reference.py"
+
+
+def _load_reference_by_path() -> types.ModuleType:
+    # Loaded by file path, not through the package, so the reference tests run (and prove
+    # the oracle) even when the native library is not built and without importing the
+    # package's TensorFlow-importing __init__.
+    spec = importlib.util.spec_from_file_location("tf_metal_ops_reference_standalone",
+                                                  REFERENCE_PATH)
+    module = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def ref() -> types.ModuleType:
+    """The NumPy reference module (tf_metal_ops/reference.py), loaded standalone."""
+    return _load_reference_by_path()
