@@ -149,10 +149,18 @@ def _sparse_labels(labels: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
     # Keras hands class ids over as floats: accept whole numbers, refuse anything else rather
     # than truncating it to a neighbouring class.
     as_int = tf.cast(labels, tf.int64)
-    check = tf.debugging.assert_equal(
-        tf.cast(as_int, labels.dtype),
-        labels,
-        message="custom_loss: float labels must hold whole class ids",
+    flat = tf.reshape(labels, [-1])
+    not_whole = tf.not_equal(tf.cast(tf.reshape(as_int, [-1]), labels.dtype), flat)
+    # A sentinel at the end keeps argmax and gather defined for an empty batch.
+    first = tf.argmax(tf.concat([tf.cast(not_whole, tf.int32), [1]], 0), output_type=tf.int64)
+    check = tf.debugging.Assert(
+        tf.logical_not(tf.reduce_any(not_whole)),
+        [
+            "custom_loss: float labels must hold whole class ids; labels.flat[",
+            first,
+            "] =",
+            tf.gather(tf.concat([flat, tf.zeros([1], labels.dtype)], 0), first),
+        ],
     )
     with tf.control_dependencies([check]):
         return tf.identity(as_int)
