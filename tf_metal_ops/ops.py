@@ -148,6 +148,17 @@ def _sparse_labels(labels: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
         return tf.cast(labels, tf.int64)
     # Keras hands class ids over as floats: accept whole numbers, refuse anything else rather
     # than truncating it to a neighbouring class.
+    if hasattr(labels, "numpy"):  # eager: check here, with a plain message
+        values = labels.numpy().astype(np.float64).reshape(-1)
+        bad = np.flatnonzero(~np.isfinite(values) | (values != np.trunc(values)))
+        if bad.size:
+            index = list(np.unravel_index(int(bad[0]), labels.shape)) if labels.shape.rank else []
+            raise tf.errors.InvalidArgumentError(
+                None, None,
+                f"custom_loss: float labels must hold whole class ids, got labels{index} = "
+                f"{values[bad[0]]}",
+            )
+        return tf.cast(labels, tf.int64)
     as_int = tf.cast(labels, tf.int64)
     flat = tf.reshape(labels, [-1])
     not_whole = tf.not_equal(tf.cast(tf.reshape(as_int, [-1]), labels.dtype), flat)
