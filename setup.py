@@ -14,6 +14,9 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import os
+import platform
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -22,6 +25,10 @@ from setuptools import setup
 
 ROOT = Path(__file__).resolve().parent
 IS_MACOS = sys.platform == "darwin"
+# The Metal GPU kernels (csrc/metal/, kernels/) are built only where tensorflow-metal runs: macOS on
+# Apple silicon. Everywhere else the package is the CPU op alone and this file builds exactly what
+# it would without them.
+BUILD_METAL = IS_MACOS and platform.machine() == "arm64"
 
 # The distributions that provide the `tensorflow` module, in the order we ask for a version.
 TENSORFLOW_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-macos", "tf-nightly")
@@ -66,6 +73,13 @@ def native_extension() -> Pybind11Extension:
     if IS_MACOS:
         framework = "libtensorflow_framework.2.dylib"
         extra_link_args += [str(tf_dir / framework), "-Wl,-rpath,@loader_path/../tensorflow"]
+        if BUILD_METAL:
+            sources += metal_sources()
+            # runtime.cc reports MetalCompiledIn() from this; the .mm files need the frameworks.
+            # TF_METAL_OPS_KERNEL_LIBRARY is added by MetalBuildExt once it knows whether the
+            # .metallib could be built.
+            define_macros += [("TF_METAL_OPS_WITH_METAL", "1")]
+            extra_link_args += ["-framework", "Foundation", "-framework", "Metal"]
     else:
         framework = "libtensorflow_framework.so.2"
         extra_link_args += [
@@ -86,4 +100,102 @@ def native_extension() -> Pybind11Extension:
     )
 
 
-setup(ext_modules=[native_extension()], cmdclass={"build_ext": build_ext})
+# --- macOS arm64 only: the Metal kernels ------------------------------------------------------
+# How the kernel library reaches the user (csrc/metal/kernel_source.h has the run-time side):
+#   - kernels/custom_loss.metal (+ the headers it includes) is always installed as
+#     tf_metal_ops/kernels/, so the library can be compiled from source at first use;
+#   - when the Metal toolchain is present (`xcrun -sdk macosx metal`; recent Xcode ships it as a
+#     separate component, the Command Line Tools may lack it) it is also precompiled, with fast
+#     math off, into tf_metal_ops/custom_loss.metallib, which the loader tries first.
+# An in-place build (`setup.py build_ext --inplace`, editable installs) writes only the .metallib
+# next to the native library (ignored by git); the loader then finds the source in ../kernels/.
+METAL_KERNEL_SOURCE = "kernels/custom_loss.metal"
+METALLIB_NAME = "custom_loss.metallib"
+
+
+def metal_sources() -> list:
+    """The host code of the GPU kernels: every csrc/metal source plus the shared launch plan."""
+    objc = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc" / "metal").glob("*.mm"))
+    cpp = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc" / "metal").glob("*.cc"))
+    return objc + cpp + ["csrc/launch_plan.cc"]
+
+
+class MetalBuildExt(build_ext):
+    """build_ext that also compiles Objective-C++ (.mm, with ARC) and the Metal kernel library."""
+
+    def build_extensions(self) -> None:
+        compiler = self.compiler
+        # distutils knows .m but not .mm; clang picks Objective-C++ from the extension itself.
+        if ".mm" not in compiler.src_extensions:
+            compiler.src_extensions = [*compiler.src_extensions, ".mm"]
+        compile_one = compiler._compile
+
+        def compile_with_arc(obj, src, ext, cc_args, extra_postargs, pp_opts):
+            # ARC for the Objective-C++ files only: the host code relies on it to release every
+            # Metal object on every path. The C++ files get no Objective-C flags at all.
+            if ext == ".mm":
+                extra_postargs = [*extra_postargs, "-fobjc-arc"]
+            compile_one(obj, src, ext, cc_args, extra_postargs, pp_opts)
+
+        compiler._compile = compile_with_arc
+        super().build_extensions()
+
+    def build_extension(self, ext) -> None:
+        package_dir = Path(self.get_ext_fullpath(ext.name)).resolve().parent
+        package_dir.mkdir(parents=True, exist_ok=True)
+        precompiled = self._build_metallib(package_dir / METALLIB_NAME)
+        if not self.inplace:
+            self._install_kernel_source(package_dir / "kernels")
+        # Replaced, not appended: build_ext may run more than once on the same Extension.
+        ext.define_macros = [m for m in ext.define_macros if m[0] != "TF_METAL_OPS_KERNEL_LIBRARY"]
+        ext.define_macros.append(
+            ("TF_METAL_OPS_KERNEL_LIBRARY", '"precompiled"' if precompiled else '"source"')
+        )
+        super().build_extension(ext)
+
+    def _install_kernel_source(self, destination: Path) -> None:
+        destination.mkdir(parents=True, exist_ok=True)
+        for pattern in ("*.metal", "*.h"):
+            for path in sorted((ROOT / "kernels").glob(pattern)):
+                shutil.copy2(path, destination / path.name)
+
+    def _build_metallib(self, output: Path) -> bool:
+        """Precompiles the kernels; False (and no stale library left behind) when it cannot."""
+        # A .metallib from an earlier build would be loaded before the current source: remove it
+        # first, so a failed build falls back to compiling the current source at run time.
+        if output.exists():
+            output.unlink()
+        if shutil.which("xcrun") is None:
+            print("tf_metal_ops: xcrun not found; the Metal kernels will be compiled at first use")
+            return False
+        air = Path(self.build_temp).resolve() / "custom_loss.air"
+        air.parent.mkdir(parents=True, exist_ok=True)
+        commands = [
+            # -fno-fast-math: precise exp/log and no reassociation (Metal defaults to fast math).
+            ["xcrun", "-sdk", "macosx", "metal", "-fno-fast-math", "-I", str(ROOT / "kernels"),
+             "-c", str(ROOT / METAL_KERNEL_SOURCE), "-o", str(air)],
+            ["xcrun", "-sdk", "macosx", "metallib", str(air), "-o", str(output)],
+        ]
+        for command in commands:
+            try:
+                result = subprocess.run(command, capture_output=True, text=True, check=False)
+            except OSError as error:
+                result = None
+                reason = str(error)
+            else:
+                reason = (result.stderr or result.stdout).strip()
+            if result is None or result.returncode != 0:
+                print(
+                    "tf_metal_ops: precompiling the Metal kernels failed, they will be compiled "
+                    f"at first use instead ({' '.join(command[:4])}: {reason[:2000]})"
+                )
+                if output.exists():
+                    output.unlink()
+                return False
+        return True
+
+
+setup(
+    ext_modules=[native_extension()],
+    cmdclass={"build_ext": MetalBuildExt if BUILD_METAL else build_ext},
+)

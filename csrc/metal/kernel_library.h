@@ -1,0 +1,36 @@
+// The process-wide cache of our Metal kernel library and compute pipelines.
+//
+// Objective-C++ (include from .mm files only). Building a pipeline state compiles GPU code and
+// takes milliseconds (compiling the library from source takes longer), so each is built once per
+// device and kernel name and then shared by every kernel instance and thread: TensorFlow may call
+// Compute from several threads at once, so every entry point takes the cache's lock.
+#ifndef TF_METAL_OPS_CSRC_METAL_KERNEL_LIBRARY_H_
+#define TF_METAL_OPS_CSRC_METAL_KERNEL_LIBRARY_H_
+
+#import <Foundation/Foundation.h>
+#import <Metal/Metal.h>
+
+#include <string>
+
+#include "csrc/tf_c.h"
+
+namespace tf_metal_ops {
+namespace metal {
+
+// The pipeline of the kernel whose [[host_name]] is `kernel_name` on `device`, built on first use;
+// nil with `*error` set when the library cannot be loaded or has no such kernel. A failure to load
+// the library is remembered (the files will not appear while the process runs), so later calls
+// fail fast with the same message.
+id<MTLComputePipelineState> GetComputePipeline(id<MTLDevice> device, const std::string& kernel_name,
+                                               Error* error);
+
+// A CustomLossErrorRecord-sized buffer in shared storage for launches whose error record nobody
+// reads (commit mode): the kernels must be given somewhere to write. One per device, shared by all
+// launches: hazard tracking is off for it, so it adds no dependency between unrelated command
+// buffers, and its contents are never looked at.
+id<MTLBuffer> GetDiscardedErrorRecord(id<MTLDevice> device, Error* error);
+
+}  // namespace metal
+}  // namespace tf_metal_ops
+
+#endif  // TF_METAL_OPS_CSRC_METAL_KERNEL_LIBRARY_H_

@@ -1,0 +1,236 @@
+// See kernel_library.h. Compiled with ARC (-fobjc-arc): every Objective-C object below, including
+// those held in C++ containers, is released by the compiler, so no error path can leak one.
+#import "csrc/metal/kernel_library.h"
+
+#include <dlfcn.h>
+
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "csrc/metal/kernel_source.h"
+#include "kernels/custom_loss_params.h"
+
+// Which form of the kernel library setup.py installed: "precompiled" (a .metallib) or "source".
+// Only quoted in messages: the loader tries the .metallib first and the source second either way.
+#ifndef TF_METAL_OPS_KERNEL_LIBRARY
+#define TF_METAL_OPS_KERNEL_LIBRARY "source"
+#endif
+
+namespace tf_metal_ops {
+namespace metal {
+namespace {
+
+struct DeviceKernels {
+  id<MTLDevice> device;
+  bool library_attempted = false;
+  Error library_error;  // why `library` is nil, once attempted
+  id<MTLLibrary> library;
+  std::string library_origin = "not loaded";
+  std::unordered_map<std::string, id<MTLComputePipelineState>> pipelines;
+  id<MTLBuffer> discarded_error_record;
+};
+
+// The cache and its lock are created once and never destroyed: kernels may still run on
+// TensorFlow's threads while the process exits, and releasing Metal objects from static
+// destructors after Metal itself has been torn down is not safe.
+std::mutex& CacheMutex() {
+  static std::mutex* mutex = new std::mutex();
+  return *mutex;
+}
+
+// One entry per device; there is one GPU on Apple silicon, so a linear search is enough.
+DeviceKernels& EntryFor(id<MTLDevice> device) {
+  static auto* entries = new std::vector<std::unique_ptr<DeviceKernels>>();
+  for (const auto& entry : *entries) {
+    if (entry->device == device) return *entry;
+  }
+  entries->push_back(std::make_unique<DeviceKernels>());
+  entries->back()->device = device;
+  return *entries->back();
+}
+
+std::string Describe(NSError* error) {
+  if (error == nil) return "no error description";
+  const char* text = [[error localizedDescription] UTF8String];
+  return text != nullptr ? text : "an error without a description";
+}
+
+NSString* ToNSString(const std::string& text) {
+  // nil for text that is not UTF-8; callers check.
+  return [NSString stringWithUTF8String:text.c_str()];
+}
+
+// The directory holding this native library (_tf_metal_ops.*.so). dladdr maps the address of any
+// function to the image that contains it; its dli_fname is the path the image was loaded from.
+bool NativeLibraryDirectory(std::string* directory, Error* error) {
+  Dl_info info;
+  if (dladdr(reinterpret_cast<const void*>(&NativeLibraryDirectory), &info) == 0 ||
+      info.dli_fname == nullptr) {
+    *error = Error::Internal(
+        "tf_metal_ops: dladdr cannot find the path of the native library, so the Metal kernel "
+        "library next to it cannot be located");
+    return false;
+  }
+  *directory = DirectoryOf(info.dli_fname);
+  return true;
+}
+
+// Metal compiles with fast math by default: it may reorder and contract floating-point operations
+// and use approximate exp/log, which a loss cannot afford (log-sum-exp cancellation, -inf logits,
+// the (1 - p)^gamma limits). Safe math keeps IEEE semantics. `mathMode` replaces `fastMathEnabled`
+// from macOS 15 on; older systems only know the latter.
+void UseSafeMath(MTLCompileOptions* options) {
+  if (@available(macOS 15.0, *)) {
+    options.mathMode = MTLMathModeSafe;
+  } else {
+#pragma clang diagnostic push
+#pragma clang diagnostic ignored "-Wdeprecated-declarations"
+    options.fastMathEnabled = NO;
+#pragma clang diagnostic pop
+  }
+}
+
+id<MTLLibrary> LoadPrecompiled(id<MTLDevice> device, const std::string& path, std::string* why) {
+  NSString* ns_path = ToNSString(path);
+  if (ns_path == nil) {
+    *why = "the path " + path + " is not UTF-8";
+    return nil;
+  }
+  // fileURLWithPath: (not URLWithString:) so that spaces, '#' or '%' in the path are taken
+  // literally instead of being parsed as URL syntax.
+  NSURL* url = [NSURL fileURLWithPath:ns_path];
+  NSError* ns_error = nil;
+  id<MTLLibrary> library = [device newLibraryWithURL:url error:&ns_error];
+  if (library == nil) *why = "loading " + path + " failed: " + Describe(ns_error);
+  return library;
+}
+
+id<MTLLibrary> CompileSource(id<MTLDevice> device, const std::string& path, std::string* why) {
+  std::string source;
+  std::string read_error;
+  if (!AssembleKernelSource(path, &source, &read_error)) {
+    *why = "reading the kernel source failed: " + read_error;
+    return nil;
+  }
+  NSString* ns_source = ToNSString(source);
+  if (ns_source == nil) {
+    *why = "the kernel source " + path + " is not UTF-8";
+    return nil;
+  }
+  MTLCompileOptions* options = [[MTLCompileOptions alloc] init];
+  UseSafeMath(options);
+  NSError* ns_error = nil;
+  // A library can come back together with an NSError that only carries warnings: nil is the
+  // failure signal, not the error.
+  id<MTLLibrary> library = [device newLibraryWithSource:ns_source options:options error:&ns_error];
+  if (library == nil) *why = "compiling " + path + " failed: " + Describe(ns_error);
+  return library;
+}
+
+void LoadLibrary(DeviceKernels* entry) {
+  entry->library_attempted = true;
+  std::string directory;
+  if (!NativeLibraryDirectory(&directory, &entry->library_error)) return;
+  const KernelFiles files = FindKernelFiles(directory);
+
+  std::string failures;
+  if (!files.metallib.empty()) {
+    std::string why;
+    entry->library = LoadPrecompiled(entry->device, files.metallib, &why);
+    if (entry->library != nil) {
+      entry->library_origin = "precompiled " + files.metallib;
+      return;
+    }
+    failures += why + "; ";
+  }
+  if (!files.source.empty()) {
+    std::string why;
+    entry->library = CompileSource(entry->device, files.source, &why);
+    if (entry->library != nil) {
+      entry->library_origin = "compiled from " + files.source;
+      return;
+    }
+    failures += why + "; ";
+  }
+  std::string searched;
+  for (const std::string& path : files.searched) searched += (searched.empty() ? "" : ", ") + path;
+  entry->library_error = Error::Internal(
+      "tf_metal_ops: cannot load the Metal kernel library (this build installed the " +
+      std::string(TF_METAL_OPS_KERNEL_LIBRARY) + " form). " + failures + "looked for: " + searched +
+      ". Reinstall tf_metal_ops, or run the op on the CPU with tf.device('/CPU:0').");
+}
+
+}  // namespace
+
+id<MTLComputePipelineState> GetComputePipeline(id<MTLDevice> device, const std::string& kernel_name,
+                                               Error* error) {
+  if (device == nil) {
+    *error = Error::Internal("tf_metal_ops: the command buffer has no Metal device");
+    return nil;
+  }
+  // Held while the library compiles or a pipeline is built: other threads would only build the
+  // same objects again. This lock is never held while waiting for a stream's queue, so it cannot
+  // take part in a deadlock with it.
+  std::lock_guard<std::mutex> lock(CacheMutex());
+  DeviceKernels& entry = EntryFor(device);
+  if (!entry.library_attempted) LoadLibrary(&entry);
+  if (entry.library == nil) {
+    *error = entry.library_error;
+    return nil;
+  }
+  const auto found = entry.pipelines.find(kernel_name);
+  if (found != entry.pipelines.end()) return found->second;
+
+  NSString* name = ToNSString(kernel_name);
+  id<MTLFunction> function = name != nil ? [entry.library newFunctionWithName:name] : nil;
+  if (function == nil) {
+    std::string hint;
+    if (kernel_name.find("_bf16_") != std::string::npos) {
+      hint = " (bfloat16 kernels need Metal Shading Language 3.1, macOS 14 or later; cast the "
+             "logits to float32 or float16)";
+    }
+    *error = Error::Internal("tf_metal_ops: the Metal kernel library (" + entry.library_origin +
+                             ") has no kernel named '" + kernel_name + "'" + hint);
+    return nil;
+  }
+  NSError* ns_error = nil;
+  id<MTLComputePipelineState> pipeline =
+      [device newComputePipelineStateWithFunction:function error:&ns_error];
+  if (pipeline == nil) {
+    *error = Error::Internal("tf_metal_ops: building the compute pipeline of '" + kernel_name +
+                             "' failed: " + Describe(ns_error));
+    return nil;
+  }
+  entry.pipelines.emplace(kernel_name, pipeline);
+  return pipeline;
+}
+
+id<MTLBuffer> GetDiscardedErrorRecord(id<MTLDevice> device, Error* error) {
+  if (device == nil) {
+    *error = Error::Internal("tf_metal_ops: the command buffer has no Metal device");
+    return nil;
+  }
+  std::lock_guard<std::mutex> lock(CacheMutex());
+  DeviceKernels& entry = EntryFor(device);
+  if (entry.discarded_error_record == nil) {
+    id<MTLBuffer> buffer =
+        [device newBufferWithLength:sizeof(CustomLossErrorRecord)
+                            options:MTLResourceStorageModeShared |
+                                    MTLResourceHazardTrackingModeUntracked];
+    if (buffer == nil) {
+      *error = Error::Internal("tf_metal_ops: allocating a " +
+                               std::to_string(sizeof(CustomLossErrorRecord)) +
+                               "-byte Metal buffer failed");
+      return nil;
+    }
+    InitCustomLossErrorRecord(static_cast<CustomLossErrorRecord*>([buffer contents]));
+    entry.discarded_error_record = buffer;
+  }
+  return entry.discarded_error_record;
+}
+
+}  // namespace metal
+}  // namespace tf_metal_ops

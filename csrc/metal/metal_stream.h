@@ -1,0 +1,41 @@
+// The stream object tensorflow-metal hands to custom kernels, and how we obtain it.
+//
+// Objective-C++ (include from .mm files only). tensorflow-metal ships no header for its stream:
+// TF_GetStream returns an Objective-C object that answers the four messages below (Apple's WWDC22
+// session 10063 and its custom-op sample declare the same protocol). The contract, summarized from
+// /work/shared/metal-notes.md, is what the encoder in custom_loss_metal.mm relies on:
+//   - encode only inside dispatch_sync([stream queue], ...): the queue is serial and owns the
+//     command buffer; a nested dispatch_sync onto it deadlocks;
+//   - [stream currentCommandBuffer] is created lazily and replaced after a real commit: use it
+//     inside the block only, never keep it, never commit or wait on it directly;
+//   - [stream commit] may only batch (the plugin commits every Nth call); [stream commitAndWait]
+//     always commits and waits, so the command buffer's status and error are final afterwards.
+#ifndef TF_METAL_OPS_CSRC_METAL_METAL_STREAM_H_
+#define TF_METAL_OPS_CSRC_METAL_METAL_STREAM_H_
+
+#import <Foundation/Foundation.h>
+#import <Metal/Metal.h>
+#include <dispatch/dispatch.h>
+
+#include "csrc/tf_c.h"
+
+@protocol TF_MetalStream
+- (dispatch_queue_t)queue;
+- (id<MTLCommandBuffer>)currentCommandBuffer;
+- (void)commit;
+- (void)commitAndWait;
+@end
+
+namespace tf_metal_ops {
+namespace metal {
+
+// The kernel's stream as a TF_MetalStream, or nil with `*error` set. Checks that the object really
+// answers the protocol's messages, so a tensorflow-metal release with another stream type fails
+// with a TensorFlow error naming the op instead of an "unrecognized selector" crash.
+id<TF_MetalStream> GetMetalStream(TF_OpKernelContext* ctx, const std::string& op_description,
+                                  Error* error);
+
+}  // namespace metal
+}  // namespace tf_metal_ops
+
+#endif  // TF_METAL_OPS_CSRC_METAL_METAL_STREAM_H_

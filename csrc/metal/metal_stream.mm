@@ -1,0 +1,36 @@
+// See metal_stream.h.
+#import "csrc/metal/metal_stream.h"
+
+namespace tf_metal_ops {
+namespace metal {
+
+id<TF_MetalStream> GetMetalStream(TF_OpKernelContext* ctx, const std::string& op_description,
+                                  Error* error) {
+  StatusPtr status = NewStatus();
+  SP_Stream raw_stream = TF_GetStream(ctx, status.get());
+  if (TF_GetCode(status.get()) != TF_OK) {
+    *error = FromStatus(status.get(), op_description + ": getting the GPU stream");
+    return nil;
+  }
+  if (raw_stream == nullptr) {
+    *error = Error::Internal(op_description + ": TF_GetStream returned no stream");
+    return nil;
+  }
+  // The SP_Stream handle of a tensorflow-metal device is the plugin's Objective-C stream object
+  // itself. __bridge: we borrow it for this Compute call and take no ownership (ARC neither
+  // retains nor releases across the cast; the local strong reference below keeps it alive).
+  id stream = (__bridge id)raw_stream;
+  if (![stream respondsToSelector:@selector(queue)] ||
+      ![stream respondsToSelector:@selector(currentCommandBuffer)] ||
+      ![stream respondsToSelector:@selector(commit)] ||
+      ![stream respondsToSelector:@selector(commitAndWait)]) {
+    *error = Error::Internal(op_description +
+                             ": the GPU stream is not a tensorflow-metal stream (expected "
+                             "tensorflow-metal 1.2.0); run the op on the CPU instead");
+    return nil;
+  }
+  return stream;
+}
+
+}  // namespace metal
+}  // namespace tf_metal_ops

@@ -1,0 +1,503 @@
+// CustomLoss forward and gradient kernels, Metal Shading Language templates.
+// Instantiated (one [[host_name]] per dtype x label kind x direction x variant) in
+// custom_loss.metal; launched with the geometry of csrc/launch_plan.cc; run on Linux by the
+// emulator in tests/msl_host/ (which compiles this file as C++).
+//
+// ---------------------------------------------------------------------------------------------
+// The loss, for one row (example) with logits z_1..z_C:
+//   q_c  = (1 - eps) t_c + eps / C              t = one_hot(y) (sparse) or the dense target row
+//   w_c  = a_c q_c                              a = class weights (all 1 by default)
+//   lp_c = log p_c = z_c - log sum_k exp(z_k)   (log-softmax)
+//   r_c  = 1 - p_c
+//   loss = - sum_c w_c r_c^gamma lp_c           0^0 = 1; a term with w_c == 0 is 0
+//   rows whose sparse label == ignore_class: loss 0, gradient 0.
+//
+// The gradient. Let f_c(p) = -w_c (1 - p)^gamma log p, so loss = sum_c f_c(p_c). Then
+//   f_c'(p_c)  = w_c [ gamma r_c^(gamma-1) lp_c - r_c^gamma / p_c ]
+//   dp_c/dz_j  = p_c (delta_cj - p_j)                                  (softmax Jacobian)
+//   dloss/dz_j = sum_c f_c'(p_c) p_c (delta_cj - p_j)
+//              = -sum_c g_c (delta_cj - p_j) = p_j G - g_j
+// with
+//   g_c = w_c [ r_c^gamma - gamma p_c r_c^(gamma-1) lp_c ] = w_c r_c^gamma (1 - gamma p_c lp_c / r_c)
+//   G   = sum_c g_c.
+// (gamma = 0: g_c = w_c and dloss/dz_j = p_j sum_c w_c - w_j, softmax minus target.)
+// The gradient kernel writes upstream[row] * (p_j G - g_j): the incoming per-row gradient is
+// folded in, and everything is recomputed from the logits (no N x C intermediate is saved).
+//
+// Numerics (all arithmetic in float, whatever T is; loads convert, stores round once):
+// - log-sum-exp keeps (max m, ties k, others s): k = number of logits equal to m, each
+//   contributing exactly 1, and s = sum of exp(z - m) over the rest. Then
+//   log sum exp(z - m) = log1p(s + (k - 1)), so for a confident row (s < 1e-7) the target's
+//   lp = -log1p(s) keeps its digits instead of rounding to 0 (as 1 + s would in float).
+// - m starts at the lowest finite float, not -inf: a row that begins with -inf logits (masked
+//   classes) never forms -inf - (-inf). A row of only -inf logits has k = 0, s = 0, so
+//   log-sum = log(0) = -inf and every lp = -inf + inf = NaN: the softmax is undefined.
+// - A NaN logit is neither > m nor == m, so it lands in s and makes the row NaN (that row only).
+//   A +inf logit makes the softmax undefined too (inf - inf); the row is NaN, like the reference.
+// - r_c = -expm1(lp_c), not 1 - exp(lp_c), so r keeps its digits when p is near 1.
+// - lp / r -> -1 as r -> 0 (log(1 - r) = -r + O(r^2)): we use -1 when r == 0, so for gamma < 1
+//   the factor gamma p r^(gamma-1) lp = gamma p (lp / r) r^gamma has its finite limit (0 at
+//   p = 1) and is never inf * 0.
+// - p_c == 0 (a -inf logit, or exp underflow): p lp / r is taken as its limit 0, not 0 * -inf.
+// - MSL has no expm1 / log1p: expm1_nonpositive and log1p_nonnegative below use Kahan's
+//   correction with precise exp/log, accurate to a few ulps.
+// - Every exp/log/pow is metal::precise::, and the library must still be compiled with fast
+//   math off (MTLMathModeSafe / fastMathEnabled = NO / -fno-fast-math): fast math lets the
+//   compiler assume no NaN or inf, which would break the NaN and -inf rules above.
+//
+// The two variants (chosen on the host by csrc/launch_plan.cc from C):
+// - rowtg   (C > 256): one row per threadgroup. Each thread strides over the row; partial
+//   results are reduced inside each SIMD-group (simd_max / simd_sum), then across SIMD-groups
+//   through threadgroup memory: every SIMD-group reads all partials and reduces them again,
+//   so each thread ends with the row's value without a broadcast. Two barriers per row at most.
+// - rowsimd (C <= 256): one row per group of threads_per_row lanes (a power of two that divides
+//   the SIMD width); the group reduces with simd_shuffle_xor butterflies, registers only.
+//   A butterfly leaves every lane of the group with the bitwise-same result (the combine
+//   functions are commutative), so the lanes agree without a broadcast.
+// Both: C need not be a multiple of anything (threads stride, idle threads reduce identities);
+// rows past N (the last, partial threadgroup) return early, as whole lane groups or whole
+// threadgroups, so every barrier and SIMD-group function is reached by all live threads.
+//
+// Out-of-range sparse labels (not ignore_class): the row's loss / gradient is NaN and the first
+// lane of the row reports it in the error record (custom_loss_params.h) with atomics; the host
+// reads the record after commitAndWait and raises the CPU kernel's InvalidArgumentError.
+// ---------------------------------------------------------------------------------------------
+#ifndef TF_METAL_OPS_KERNELS_CUSTOM_LOSS_H_
+#define TF_METAL_OPS_KERNELS_CUSTOM_LOSS_H_
+
+#include <metal_stdlib>
+
+#include "custom_loss_params.h"
+
+// Hooks with a Metal default: the Linux shim (tests/msl_host/include/metal_stdlib) defines them
+// first. Instantiation registers each kernel under its host_name there; the [[threadgroup(i)]]
+// attribute is the one MSL spelling the C++ preprocessor cannot take, because the shim defines
+// `threadgroup` as an address-space macro.
+#ifndef TFMO_INSTANTIATE_KERNEL
+#define TFMO_INSTANTIATE_KERNEL(name, ...) \
+  template [[host_name(name)]] [[kernel]] decltype(__VA_ARGS__) __VA_ARGS__;
+#endif
+#ifndef TFMO_THREADGROUP_ARG
+#define TFMO_THREADGROUP_ARG(index) [[threadgroup(index)]]
+#endif
+
+// The thread-position arguments of every kernel, in this order (the emulator binds them by
+// position). The 2-component ones must agree in dimension; the grid is folded into x and y.
+#define TFMO_KERNEL_THREAD_ARGS                              \
+  uint2 tg_pos [[threadgroup_position_in_grid]],             \
+  uint2 tg_count [[threadgroups_per_grid]],                  \
+  uint2 tg_size [[threads_per_threadgroup]],                 \
+  uint tid [[thread_index_in_threadgroup]],                  \
+  uint lane [[thread_index_in_simdgroup]],                   \
+  uint simd_width [[threads_per_simdgroup]],                 \
+  uint sg_index [[simdgroup_index_in_threadgroup]],          \
+  uint sg_count [[simdgroups_per_threadgroup]]
+
+#define TFMO_LOWEST_FINITE (-FLT_MAX)
+#define TFMO_ROW_VALID 0u
+#define TFMO_ROW_IGNORED 1u
+#define TFMO_ROW_BAD_LABEL 2u
+
+namespace tfmo {
+
+using namespace metal;
+
+// ---- scalar math ------------------------------------------------------------------------------
+
+// expm1(x) for x <= 0 (or NaN). With u = exp(x) rounded, (u - 1) * x / log(u) cancels the
+// rounding error of u (Kahan). u == 1: |x| is below half an ulp of 1, expm1(x) = x.
+// u - 1 == -1: exp(x) is negligible next to 1 (x < -17, or x = -inf).
+inline float expm1_nonpositive(float x) {
+  const float u = precise::exp(x);
+  if (u == 1.0f) return x;
+  const float um1 = u - 1.0f;
+  if (um1 == -1.0f) return -1.0f;
+  return um1 * (x / precise::log(u));
+}
+
+// log1p(x) for x >= 0 (or NaN), same correction: u = 1 + x rounded, log(u) * x / (u - 1).
+inline float log1p_nonnegative(float x) {
+  const float u = 1.0f + x;
+  if (u == 1.0f) return x;
+  return precise::log(u) * (x / (u - 1.0f));
+}
+
+// r^gamma with 0^0 = 1 and 0^gamma = 0 (gamma > 0); r is in [0, 1] or NaN.
+inline float focal_power(float r, float gamma) {
+  if (gamma == 0.0f) return 1.0f;
+  if (r == 0.0f) return 0.0f;
+  return precise::pow(r, gamma);
+}
+
+// w r^gamma lp: one class's term of -loss. 0 when w == 0, even for lp = -inf.
+inline float loss_term(float lp, float w, float gamma) {
+  if (w == 0.0f) return 0.0f;
+  const float r = 1.0f - precise::exp(lp);
+  return w * focal_power(r, gamma) * lp;
+}
+
+// g = w r^gamma (1 - gamma p lp / r), with lp / r -> -1 at r == 0 and p lp / r -> 0 at p == 0.
+inline float gradient_term(float lp, float w, float gamma) {
+  if (w == 0.0f) return 0.0f;
+  const float p = precise::exp(lp);
+  const float r = -expm1_nonpositive(lp);
+  const float lp_over_r = r == 0.0f ? -1.0f : lp / r;
+  const float p_lp_over_r = p == 0.0f ? 0.0f : p * lp_over_r;
+  return w * focal_power(r, gamma) * (1.0f - gamma * p_lp_over_r);
+}
+
+// ---- log-sum-exp state ------------------------------------------------------------------------
+
+struct LogSumExp {
+  float max;     // m: largest logit seen, starts at the lowest finite float
+  float ties;    // k: how many logits equal m (each contributes exp(0) = 1)
+  float others;  // s: sum of exp(z - m) over the logits below m (NaN logits land here)
+};
+
+inline LogSumExp lse_empty() {
+  LogSumExp s;
+  s.max = TFMO_LOWEST_FINITE;
+  s.ties = 0.0f;
+  s.others = 0.0f;
+  return s;
+}
+
+inline void lse_add(thread LogSumExp& s, float z) {
+  if (z > s.max) {  // the old maximum and its ties move into `others`, rescaled to the new one
+    s.others = (s.others + s.ties) * precise::exp(s.max - z);
+    s.ties = 1.0f;
+    s.max = z;
+  } else if (z == s.max) {
+    s.ties += 1.0f;
+  } else {
+    s.others += precise::exp(z - s.max);
+  }
+}
+
+// Commutative (bitwise: a + b == b + a), which the butterflies rely on.
+inline LogSumExp lse_combine(LogSumExp a, LogSumExp b) {
+  LogSumExp out;
+  if (a.max == b.max) {
+    out.max = a.max;
+    out.ties = a.ties + b.ties;
+    out.others = a.others + b.others;
+  } else if (a.max > b.max) {
+    out.max = a.max;
+    out.ties = a.ties;
+    out.others = a.others + (b.others + b.ties) * precise::exp(b.max - a.max);
+  } else {
+    out.max = b.max;
+    out.ties = b.ties;
+    out.others = b.others + (a.others + a.ties) * precise::exp(a.max - b.max);
+  }
+  return out;
+}
+
+// The whole SIMD-group's state, in every lane.
+inline LogSumExp lse_simd_reduce(LogSumExp s) {
+  const float m = simd_max(s.max);  // never NaN: max only takes values that compared greater
+  const bool top = s.max == m;
+  LogSumExp out;
+  out.max = m;
+  out.ties = simd_sum(top ? s.ties : 0.0f);
+  out.others = simd_sum(top ? s.others : (s.others + s.ties) * precise::exp(s.max - m));
+  return out;
+}
+
+// The state of a group of `lanes` consecutive lanes (power of two), in each of them.
+inline LogSumExp lse_group_reduce(LogSumExp s, uint lanes) {
+  for (uint offset = lanes / 2; offset > 0; offset /= 2) {
+    LogSumExp other;
+    other.max = simd_shuffle_xor(s.max, ushort(offset));
+    other.ties = simd_shuffle_xor(s.ties, ushort(offset));
+    other.others = simd_shuffle_xor(s.others, ushort(offset));
+    s = lse_combine(s, other);
+  }
+  return s;
+}
+
+inline float group_sum(float x, uint lanes) {
+  for (uint offset = lanes / 2; offset > 0; offset /= 2) x += simd_shuffle_xor(x, ushort(offset));
+  return x;
+}
+
+// lp_c = (z_c - max) - log_sum. Kept in two parts: adding a small log_sum to a large max would
+// round it away (30 + 1e-9 == 30 in float).
+struct RowLogSoftmax {
+  float max;
+  float log_sum;
+};
+
+inline RowLogSoftmax lse_finish(LogSumExp s) {
+  RowLogSoftmax out;
+  out.max = s.max;
+  if (s.max == INFINITY) {
+    out.log_sum = NAN;  // a +inf logit: inf - inf, no softmax
+  } else if (s.ties == 0.0f) {
+    out.log_sum = precise::log(s.others);  // only -inf (log 0 = -inf, lp = NaN) or NaN logits
+  } else {
+    out.log_sum = log1p_nonnegative(s.others + (s.ties - 1.0f));
+  }
+  return out;
+}
+
+inline float log_prob(RowLogSoftmax ls, float z) { return (z - ls.max) - ls.log_sum; }
+
+// ---- labels ---------------------------------------------------------------------------------
+
+inline long read_sparse_label(const device int* labels, uint row) { return long(labels[row]); }
+inline long read_sparse_label(const device long* labels, uint row) { return labels[row]; }
+template <typename D>
+inline long read_sparse_label(const device D*, uint) { return 0; }  // dense: never called
+
+// Row status, uniform over the row's threads. `label` is the sparse label (0 for dense).
+template <typename LabelT, bool kDense>
+inline uint row_status(const device LabelT* labels, uint row, constant CustomLossParams& params,
+                       thread long& label) {
+  label = 0;
+  if (kDense) return TFMO_ROW_VALID;
+  label = read_sparse_label(labels, row);
+  if (params.has_ignore_class != 0u && label == params.ignore_class) return TFMO_ROW_IGNORED;
+  if (label < 0 || label >= long(params.num_classes)) return TFMO_ROW_BAD_LABEL;
+  return TFMO_ROW_VALID;
+}
+
+// w_c = a_c q_c, q_c = (1 - eps) t_c + eps / C.
+template <typename LabelT, bool kDense>
+inline float class_weight(const device LabelT* labels, ulong row_base, long label, uint c,
+                          const device float* class_weights, constant CustomLossParams& params) {
+  const float a = params.has_class_weights != 0u ? class_weights[c] : 1.0f;
+  float q;
+  if (kDense) {
+    q = params.smooth_on * float(labels[row_base + c]) + params.smooth_off;
+  } else {
+    q = (long(c) == label ? params.smooth_on : 0.0f) + params.smooth_off;
+  }
+  return a * q;
+}
+
+// Only class y carries weight (sparse labels, eps == 0): the row's sum is one term, and no
+// second reduction over C is needed. Uniform over the whole dispatch.
+template <bool kDense>
+inline bool single_weighted_class(constant CustomLossParams& params) {
+  return !kDense && params.smooth_off == 0.0f;
+}
+
+inline void record_bad_label(device atomic_uint* record, uint row, long label) {
+  atomic_fetch_add_explicit(&record[TFMO_ERROR_BAD_LABEL_COUNT], 1u, memory_order_relaxed);
+  atomic_fetch_min_explicit(&record[TFMO_ERROR_MIN_BAD_ROW], row, memory_order_relaxed);
+  uint expected = 0u;
+  while (!atomic_compare_exchange_weak_explicit(&record[TFMO_ERROR_CLAIMED], &expected, 1u,
+                                                memory_order_relaxed, memory_order_relaxed)) {
+    if (expected != 0u) return;  // another bad row holds the detail slot (else: spurious failure)
+  }
+  const ulong bits = ulong(label);  // two's complement, modulo 2^64
+  atomic_store_explicit(&record[TFMO_ERROR_DETAIL_ROW], row, memory_order_relaxed);
+  atomic_store_explicit(&record[TFMO_ERROR_DETAIL_LABEL_LO], uint(bits & 0xFFFFFFFFul),
+                        memory_order_relaxed);
+  atomic_store_explicit(&record[TFMO_ERROR_DETAIL_LABEL_HI], uint(bits >> 32), memory_order_relaxed);
+}
+
+// ---- one row, either variant ----------------------------------------------------------------
+//
+// `first`, `stride`: this thread's classes are first, first + stride, ... (< C).
+// `leader`: the one thread of the row that writes the forward output and reports errors.
+// Reduce: how the row's threads combine (threadgroup or lane group); see the two below.
+
+struct ThreadgroupReduce {
+  threadgroup float* scratch;  // 4 floats per SIMD-group (see csrc/launch_plan.cc)
+  uint lane;
+  uint sg_index;
+  uint sg_count;
+
+  LogSumExp lse(LogSumExp s) const {
+    s = lse_simd_reduce(s);
+    if (lane == 0u) {
+      scratch[sg_index] = s.max;
+      scratch[sg_count + sg_index] = s.ties;
+      scratch[2u * sg_count + sg_index] = s.others;
+    }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    // sg_count <= SIMD width (the plan guarantees it): one lane per partial, in every SIMD-group.
+    LogSumExp part = lse_empty();
+    if (lane < sg_count) {
+      part.max = scratch[lane];
+      part.ties = scratch[sg_count + lane];
+      part.others = scratch[2u * sg_count + lane];
+    }
+    return lse_simd_reduce(part);
+  }
+
+  float sum(float x) const {  // its own quarter of the scratch: no barrier needed before it
+    x = simd_sum(x);
+    if (lane == 0u) scratch[3u * sg_count + sg_index] = x;
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    return simd_sum(lane < sg_count ? scratch[3u * sg_count + lane] : 0.0f);
+  }
+};
+
+struct LaneGroupReduce {
+  uint lanes;
+  LogSumExp lse(LogSumExp s) const { return lse_group_reduce(s, lanes); }
+  float sum(float x) const { return group_sum(x, lanes); }
+};
+
+template <typename T, typename LabelT, bool kDense, bool kGradient, typename Reduce>
+inline void process_row(const device T* logits, const device LabelT* labels,
+                        const device float* class_weights, constant CustomLossParams& params,
+                        device atomic_uint* error_record, device T* out, const device T* upstream,
+                        uint row, uint first, uint stride, bool leader, Reduce reduce) {
+  const uint num_classes = params.num_classes;
+  const ulong base = ulong(row) * ulong(num_classes);
+  long label;
+  const uint status = row_status<LabelT, kDense>(labels, row, params, label);
+  if (status != TFMO_ROW_VALID) {  // uniform over the row: its threads leave together
+    const float fill = status == TFMO_ROW_IGNORED ? 0.0f : NAN;
+    if (status == TFMO_ROW_BAD_LABEL && leader) record_bad_label(error_record, row, label);
+    if (kGradient) {
+      for (uint c = first; c < num_classes; c += stride) out[base + c] = T(fill);
+    } else if (leader) {
+      out[row] = T(fill);
+    }
+    return;
+  }
+
+  // Pass 1: log-sum-exp of the row.
+  LogSumExp partial = lse_empty();
+  for (uint c = first; c < num_classes; c += stride) lse_add(partial, float(logits[base + c]));
+  const RowLogSoftmax ls = lse_finish(reduce.lse(partial));
+  const float gamma = params.gamma;
+
+  // Pass 2: the row's sum: -loss = sum_c w_c r_c^gamma lp_c (forward) or G = sum_c g_c.
+  float total;
+  if (single_weighted_class<kDense>(params)) {
+    const uint y = uint(label);
+    const float w = class_weight<LabelT, kDense>(labels, base, label, y, class_weights, params);
+    const float lp = log_prob(ls, float(logits[base + y]));
+    total = kGradient ? gradient_term(lp, w, gamma) : loss_term(lp, w, gamma);
+  } else {
+    float acc = 0.0f;
+    for (uint c = first; c < num_classes; c += stride) {
+      const float w = class_weight<LabelT, kDense>(labels, base, label, c, class_weights, params);
+      if (w == 0.0f) continue;
+      const float lp = log_prob(ls, float(logits[base + c]));
+      acc += kGradient ? gradient_term(lp, w, gamma) : loss_term(lp, w, gamma);
+    }
+    total = reduce.sum(acc);
+  }
+
+  if (!kGradient) {
+    if (leader) out[row] = T(-total);
+    return;
+  }
+
+  // Pass 3 (gradient): d logits_j = upstream * (p_j G - g_j).
+  const float up = float(upstream[row]);
+  for (uint c = first; c < num_classes; c += stride) {
+    const float lp = log_prob(ls, float(logits[base + c]));
+    const float w = class_weight<LabelT, kDense>(labels, base, label, c, class_weights, params);
+    const float g = gradient_term(lp, w, gamma);
+    out[base + c] = T(up * (precise::exp(lp) * total - g));
+  }
+}
+
+// ---- entry points ---------------------------------------------------------------------------
+// Buffer arguments in index order (custom_loss_params.h); then the threadgroup scratch (rowtg
+// only); then TFMO_KERNEL_THREAD_ARGS.
+
+template <typename T, typename LabelT, bool kDense, bool kGradient>
+inline void row_per_threadgroup(const device T* logits, const device LabelT* labels,
+                                const device float* class_weights,
+                                constant CustomLossParams& params, device atomic_uint* error_record,
+                                device T* out, const device T* upstream, threadgroup float* scratch,
+                                uint2 tg_pos, uint2 tg_count, uint2 tg_size, uint tid, uint lane,
+                                uint sg_index, uint sg_count) {
+  const uint row = tg_pos.y * tg_count.x + tg_pos.x;
+  if (row >= params.num_rows) return;  // padding of a folded grid: the whole threadgroup
+  ThreadgroupReduce reduce;
+  reduce.scratch = scratch;
+  reduce.lane = lane;
+  reduce.sg_index = sg_index;
+  reduce.sg_count = sg_count;
+  process_row<T, LabelT, kDense, kGradient>(logits, labels, class_weights, params, error_record,
+                                            out, upstream, row, tid, tg_size.x, tid == 0u, reduce);
+}
+
+template <typename T, typename LabelT, bool kDense, bool kGradient>
+inline void row_per_lane_group(const device T* logits, const device LabelT* labels,
+                               const device float* class_weights,
+                               constant CustomLossParams& params, device atomic_uint* error_record,
+                               device T* out, const device T* upstream, uint2 tg_pos,
+                               uint2 tg_count, uint tid) {
+  const uint lanes = params.threads_per_row;  // power of two dividing the SIMD width
+  const uint group = tid / lanes;
+  const uint sub = tid % lanes;
+  const uint row = (tg_pos.y * tg_count.x + tg_pos.x) * params.rows_per_threadgroup + group;
+  if (row >= params.num_rows) return;  // the whole lane group: its shuffles stay inside it
+  LaneGroupReduce reduce;
+  reduce.lanes = lanes;
+  process_row<T, LabelT, kDense, kGradient>(logits, labels, class_weights, params, error_record,
+                                            out, upstream, row, sub, lanes, sub == 0u, reduce);
+}
+
+template <typename T, typename LabelT, bool kDense>
+[[kernel]] void custom_loss_forward_rowtg(
+    const device T* logits [[buffer(TFMO_BUFFER_LOGITS)]],
+    const device LabelT* labels [[buffer(TFMO_BUFFER_LABELS)]],
+    const device float* class_weights [[buffer(TFMO_BUFFER_CLASS_WEIGHTS)]],
+    constant CustomLossParams& params [[buffer(TFMO_BUFFER_PARAMS)]],
+    device atomic_uint* error_record [[buffer(TFMO_BUFFER_ERROR_RECORD)]],
+    device T* loss [[buffer(TFMO_BUFFER_OUTPUT)]],
+    threadgroup float* scratch TFMO_THREADGROUP_ARG(TFMO_THREADGROUP_SCRATCH),
+    TFMO_KERNEL_THREAD_ARGS) {
+  row_per_threadgroup<T, LabelT, kDense, false>(logits, labels, class_weights, params,
+                                                error_record, loss, loss, scratch, tg_pos,
+                                                tg_count, tg_size, tid, lane, sg_index, sg_count);
+}
+
+template <typename T, typename LabelT, bool kDense>
+[[kernel]] void custom_loss_gradient_rowtg(
+    const device T* logits [[buffer(TFMO_BUFFER_LOGITS)]],
+    const device LabelT* labels [[buffer(TFMO_BUFFER_LABELS)]],
+    const device float* class_weights [[buffer(TFMO_BUFFER_CLASS_WEIGHTS)]],
+    constant CustomLossParams& params [[buffer(TFMO_BUFFER_PARAMS)]],
+    device atomic_uint* error_record [[buffer(TFMO_BUFFER_ERROR_RECORD)]],
+    device T* grad_logits [[buffer(TFMO_BUFFER_OUTPUT)]],
+    const device T* upstream [[buffer(TFMO_BUFFER_UPSTREAM)]],
+    threadgroup float* scratch TFMO_THREADGROUP_ARG(TFMO_THREADGROUP_SCRATCH),
+    TFMO_KERNEL_THREAD_ARGS) {
+  row_per_threadgroup<T, LabelT, kDense, true>(logits, labels, class_weights, params, error_record,
+                                               grad_logits, upstream, scratch, tg_pos, tg_count,
+                                               tg_size, tid, lane, sg_index, sg_count);
+}
+
+template <typename T, typename LabelT, bool kDense>
+[[kernel]] void custom_loss_forward_rowsimd(
+    const device T* logits [[buffer(TFMO_BUFFER_LOGITS)]],
+    const device LabelT* labels [[buffer(TFMO_BUFFER_LABELS)]],
+    const device float* class_weights [[buffer(TFMO_BUFFER_CLASS_WEIGHTS)]],
+    constant CustomLossParams& params [[buffer(TFMO_BUFFER_PARAMS)]],
+    device atomic_uint* error_record [[buffer(TFMO_BUFFER_ERROR_RECORD)]],
+    device T* loss [[buffer(TFMO_BUFFER_OUTPUT)]],
+    TFMO_KERNEL_THREAD_ARGS) {
+  row_per_lane_group<T, LabelT, kDense, false>(logits, labels, class_weights, params,
+                                               error_record, loss, loss, tg_pos, tg_count, tid);
+}
+
+template <typename T, typename LabelT, bool kDense>
+[[kernel]] void custom_loss_gradient_rowsimd(
+    const device T* logits [[buffer(TFMO_BUFFER_LOGITS)]],
+    const device LabelT* labels [[buffer(TFMO_BUFFER_LABELS)]],
+    const device float* class_weights [[buffer(TFMO_BUFFER_CLASS_WEIGHTS)]],
+    constant CustomLossParams& params [[buffer(TFMO_BUFFER_PARAMS)]],
+    device atomic_uint* error_record [[buffer(TFMO_BUFFER_ERROR_RECORD)]],
+    device T* grad_logits [[buffer(TFMO_BUFFER_OUTPUT)]],
+    const device T* upstream [[buffer(TFMO_BUFFER_UPSTREAM)]],
+    TFMO_KERNEL_THREAD_ARGS) {
+  row_per_lane_group<T, LabelT, kDense, true>(logits, labels, class_weights, params, error_record,
+                                              grad_logits, upstream, tg_pos, tg_count, tid);
+}
+
+}  // namespace tfmo
+
+#endif  // TF_METAL_OPS_KERNELS_CUSTOM_LOSS_H_

@@ -1,0 +1,121 @@
+// Parameters of the CustomLoss Metal kernels: one header read by the Metal compiler (the kernels),
+// by the host code that encodes them (csrc/launch_plan.*, csrc/metal/*.mm) and by the Linux
+// emulator (tests/msl_host/), so the byte layout of what the host sends cannot drift from what the
+// kernel reads.
+//
+// Layout rules: only 32-bit and 64-bit scalars, each at an offset that is a multiple of its size,
+// and a total size that is a multiple of 8. MSL and C++ then agree on every offset (MSL's `long` is
+// 64-bit with 8-byte alignment, like int64_t); the host side static_asserts them.
+//
+// Buffer indices: a kernel's buffer arguments are declared in the order of their index (index k is
+// the k-th argument), the same for every kernel, so the Linux emulator can bind them by position.
+// tests/test_msl_emulator.py checks the kernels' signatures against this.
+#ifndef TF_METAL_OPS_KERNELS_CUSTOM_LOSS_PARAMS_H_
+#define TF_METAL_OPS_KERNELS_CUSTOM_LOSS_PARAMS_H_
+
+#ifdef __METAL__
+#include <metal_stdlib>
+typedef uint tfmo_u32;
+typedef int tfmo_i32;
+typedef long tfmo_i64;
+#else
+#include <cstddef>
+#include <cstdint>
+typedef uint32_t tfmo_u32;
+typedef int32_t tfmo_i32;
+typedef int64_t tfmo_i64;
+#endif
+
+// [[buffer(i)]] indices, shared by every CustomLoss kernel.
+#define TFMO_BUFFER_LOGITS 0         // const T[N, C]
+#define TFMO_BUFFER_LABELS 1         // const int32/int64 [N] (sparse) or const T[N, C] (dense)
+#define TFMO_BUFFER_CLASS_WEIGHTS 2  // const float[C]; not read when has_class_weights == 0
+#define TFMO_BUFFER_PARAMS 3         // constant CustomLossParams (setBytes)
+#define TFMO_BUFFER_ERROR_RECORD 4   // CustomLossErrorRecord, shared storage, host-initialized
+#define TFMO_BUFFER_OUTPUT 5         // T[N] loss (forward) or T[N, C] d logits (gradient)
+#define TFMO_BUFFER_UPSTREAM 6       // const T[N], gradient kernels only
+// [[threadgroup(i)]] index of the reduction scratch of the row-per-threadgroup kernels.
+#define TFMO_THREADGROUP_SCRATCH 0
+
+// Kernel variants (CustomLossParams::variant; also spelled in the kernel names).
+#define TFMO_VARIANT_ROW_PER_THREADGROUP 0  // "rowtg": one row per threadgroup, C large
+#define TFMO_VARIANT_ROW_PER_LANE_GROUP 1   // "rowsimd": one row per group of SIMD lanes, C small
+
+struct CustomLossParams {
+  tfmo_u32 num_rows;           // N (rows = examples); the kernels index rows with 32 bits
+  tfmo_u32 num_classes;        // C >= 1
+  float gamma;                 // focal exponent, >= 0
+  float label_smoothing;       // eps in [0, 1] (informational; the kernels use the two below)
+  tfmo_u32 has_class_weights;  // 0: every a_c is 1 and the class_weights buffer is not read
+  tfmo_u32 has_ignore_class;   // 1: rows whose sparse label == ignore_class get loss 0, grad 0
+  tfmo_i64 ignore_class;       // compared with the label widened to 64 bits
+  float smooth_on;             // 1 - eps: weight of the target distribution t in q
+  float smooth_off;            // eps / C: uniform part of q (0 for eps == 0: one class per row)
+  tfmo_u32 variant;            // TFMO_VARIANT_*
+  tfmo_u32 threads_per_row;    // lanes per row: the threadgroup size (rowtg), or a power of two
+                               // <= the SIMD width (rowsimd)
+  tfmo_u32 rows_per_threadgroup;  // 1 (rowtg) or threadgroup size / threads_per_row (rowsimd)
+  tfmo_u32 reserved;              // keeps the size a multiple of 8; 0
+};
+
+// Written by the kernels when a sparse label is outside [0, C) and is not ignore_class; read by
+// the host after commitAndWait. The host initializes it with InitCustomLossErrorRecord. Every
+// field is accessed with 32-bit atomics (relaxed) by the kernels, because rows run concurrently:
+//   bad_label_count  number of rows with a bad label (wraps at 2^32; > 0 means "error")
+//   min_bad_row      lowest such row (0xFFFFFFFF: none), deterministic
+//   claimed          0 until one bad row claims the detail slot (compare-and-swap 0 -> 1)
+//   detail_row, detail_label_lo/hi
+//                    that row and its label (int64, two's complement halves); written only by
+//                    the claiming thread, so row and label always belong together. Which bad row
+//                    claims it is not deterministic when there are several: report min_bad_row
+//                    and bad_label_count alongside it.
+#define TFMO_ERROR_BAD_LABEL_COUNT 0
+#define TFMO_ERROR_MIN_BAD_ROW 1
+#define TFMO_ERROR_CLAIMED 2
+#define TFMO_ERROR_DETAIL_ROW 3
+#define TFMO_ERROR_DETAIL_LABEL_LO 4
+#define TFMO_ERROR_DETAIL_LABEL_HI 5
+#define TFMO_ERROR_RECORD_WORDS 8  // 32 bytes; words 6 and 7 are reserved (0)
+#define TFMO_ERROR_NO_ROW 0xFFFFFFFFu
+
+struct CustomLossErrorRecord {
+  tfmo_u32 words[TFMO_ERROR_RECORD_WORDS];
+};
+
+#ifndef __METAL__
+static_assert(sizeof(CustomLossParams) == 56, "CustomLossParams layout changed: update the kernels");
+static_assert(offsetof(CustomLossParams, num_rows) == 0, "layout");
+static_assert(offsetof(CustomLossParams, num_classes) == 4, "layout");
+static_assert(offsetof(CustomLossParams, gamma) == 8, "layout");
+static_assert(offsetof(CustomLossParams, label_smoothing) == 12, "layout");
+static_assert(offsetof(CustomLossParams, has_class_weights) == 16, "layout");
+static_assert(offsetof(CustomLossParams, has_ignore_class) == 20, "layout");
+static_assert(offsetof(CustomLossParams, ignore_class) == 24, "layout");
+static_assert(offsetof(CustomLossParams, smooth_on) == 32, "layout");
+static_assert(offsetof(CustomLossParams, smooth_off) == 36, "layout");
+static_assert(offsetof(CustomLossParams, variant) == 40, "layout");
+static_assert(offsetof(CustomLossParams, threads_per_row) == 44, "layout");
+static_assert(offsetof(CustomLossParams, rows_per_threadgroup) == 48, "layout");
+static_assert(offsetof(CustomLossParams, reserved) == 52, "layout");
+static_assert(sizeof(float) == 4, "float must be IEEE binary32");
+static_assert(sizeof(CustomLossErrorRecord) == 32, "CustomLossErrorRecord layout changed");
+
+// The state the kernels expect before they run: no bad label seen.
+inline void InitCustomLossErrorRecord(CustomLossErrorRecord* record) {
+  for (int i = 0; i < TFMO_ERROR_RECORD_WORDS; ++i) record->words[i] = 0;
+  record->words[TFMO_ERROR_MIN_BAD_ROW] = TFMO_ERROR_NO_ROW;
+}
+
+inline bool CustomLossErrorRecordHasError(const CustomLossErrorRecord& record) {
+  return record.words[TFMO_ERROR_CLAIMED] != 0;
+}
+
+// The claimed bad label, as the int64 the kernel read.
+inline int64_t CustomLossErrorRecordLabel(const CustomLossErrorRecord& record) {
+  const uint64_t bits = (static_cast<uint64_t>(record.words[TFMO_ERROR_DETAIL_LABEL_HI]) << 32) |
+                        record.words[TFMO_ERROR_DETAIL_LABEL_LO];
+  return static_cast<int64_t>(bits);
+}
+#endif  // !__METAL__
+
+#endif  // TF_METAL_OPS_KERNELS_CUSTOM_LOSS_PARAMS_H_
