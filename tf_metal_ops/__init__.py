@@ -3,11 +3,11 @@
 `tf_metal_ops.CustomLoss` (Keras) and `tf_metal_ops.custom_loss` (a function) run as one native
 TensorFlow op: on the CPU everywhere, and on Apple-silicon GPUs through tensorflow-metal.
 
-Importing the package checks the installed TensorFlow's version (one clear message if it is
-too old), loads the native library and registers `CustomLoss` with Keras, so
+Importing the package checks the installed TensorFlow's version, loads the native library and
+registers `CustomLoss` with Keras, so
 `keras.models.load_model` finds it after `import tf_metal_ops`. Without TensorFlow the package
 still imports: `tf_metal_ops.reference` (the NumPy oracle) needs only NumPy, and the other names
-raise an ImportError that says what to install.
+raise an ImportError that says what to install (likewise for a TensorFlow older than 2.16).
 """
 
 from __future__ import annotations
@@ -20,8 +20,6 @@ from tf_metal_ops import _native
 __version__ = "0.1.0"
 
 _installed = _native.installed_tensorflow_version()
-if _installed is not None:
-    _native.check_tensorflow_version(_installed)
 
 # Public name -> module that defines it (imported on first access).
 _LAZY_ATTRIBUTES = {
@@ -35,6 +33,7 @@ _LAZY_ATTRIBUTES = {
     "set_cpu_threads": "tf_metal_ops.runtime",
     "get_cpu_threads": "tf_metal_ops.runtime",
     "build_info": "tf_metal_ops._native",
+    "value_and_gradients": "tf_metal_ops.compare",
 }
 _SUBMODULES = ("reference", "debug", "ops", "losses", "compare", "runtime")
 
@@ -57,6 +56,13 @@ def __dir__() -> list:
 
 
 if _installed is not None:
-    # Eager with TensorFlow present: registers the gradient and the Keras serializable class.
-    for _name in _LAZY_ATTRIBUTES:
-        __getattr__(_name)
+    # Eager with TensorFlow present: checks its version, loads the native library, registers the
+    # gradient and the Keras serializable class. A broken environment (TensorFlow too old or
+    # unimportable, the native library missing) does not fail the import, so that
+    # `python -m tf_metal_ops info` can still run and explain it in one sentence; every name that
+    # needs the library raises that sentence as an ImportError when it is used.
+    try:
+        for _name in _LAZY_ATTRIBUTES:
+            __getattr__(_name)
+    except ImportError:
+        pass

@@ -1,0 +1,300 @@
+"""`python -m tf_metal_ops` as a user runs it: each command in a subprocess.
+
+Exit codes (tf_metal_ops/cli.py): 0 success, 1 check found a FAIL, 2 usage error, 3 environment
+problem. Each TensorFlow start-up costs seconds on a small machine, so every slow command runs
+once and the tests share its output.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import sys
+from pathlib import Path
+
+import pytest
+
+import tf_metal_ops
+from tf_metal_ops import checks, cli, demo
+
+# The directory holding the tf_metal_ops the tests import, so the subprocesses run the same
+# package (a source checkout with the library built in place, or an installed wheel).
+PACKAGE_PARENT = str(Path(tf_metal_ops.__file__).resolve().parent.parent)
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None,
+            python_path: str | None = None) -> subprocess.CompletedProcess:
+    environ = dict(os.environ if env is None else env)
+    environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (python_path, PACKAGE_PARENT, environ.get("PYTHONPATH")) if p)
+    # cwd outside the checkout: `python -m` puts the working directory first on sys.path, and
+    # the bare source tree (no native library) must not shadow the package under test.
+    return subprocess.run([sys.executable, "-m", "tf_metal_ops", *args], capture_output=True,
+                          text=True, env=environ, timeout=600, cwd=tempfile.gettempdir())
+
+
+def assert_no_traceback(result: subprocess.CompletedProcess) -> None:
+    assert "Traceback" not in result.stderr, result.stderr
+    assert "Traceback" not in result.stdout, result.stdout
+
+
+# ---------------------------------------------------------------------------------------------
+# Usage errors: exit 2 with the usage, before TensorFlow is imported.
+
+
+@pytest.mark.parametrize("args, complaint", [
+    ((), "required"),
+    (("frobnicate",), "invalid choice"),
+    (("check", "--dtype", "float8"), "unknown dtype 'float8'"),
+    (("check", "--dtype", "float32,int32"), "unknown dtype 'int32'"),
+    (("demo", "--epochs", "0"), "--epochs"),
+    (("demo", "--epochs", "many"), "--epochs"),
+    (("demo", "--seed", "-1"), "--seed"),
+    (("demo", "--plot", "curves.jpg"), "ending in .png"),
+    (("demo", "--plot", "/no/such/dir/curves.png"), "does not exist"),
+    (("info", "--quick"), "unrecognized arguments: --quick"),
+])
+def test_usage_error_exits_2_with_usage(args, complaint, capsys):
+    # In-process (argparse's SystemExit) to keep the suite fast; the subprocess test below
+    # shows the same path end to end.
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(list(args))
+    assert exit_info.value.code == cli.EXIT_USAGE == 2
+    err = capsys.readouterr().err
+    assert "usage: tf-metal-ops" in err
+    assert complaint in err
+
+
+def test_usage_error_in_a_subprocess_exits_2():
+    result = run_cli("check", "--bogus")
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert "usage: tf-metal-ops check" in result.stderr
+    assert "unrecognized arguments: --bogus" in result.stderr
+    assert_no_traceback(result)
+
+
+def test_help_lists_commands_and_exit_codes(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--help"])
+    assert exit_info.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    for words in ("info", "check", "demo", "exit codes", "3 environment problem",
+                  "1 check found a FAIL", "2 usage error"):
+        assert words in out
+
+
+# ---------------------------------------------------------------------------------------------
+# Environment problems: exit 3, one sentence, no traceback.
+
+
+def test_missing_tensorflow_is_one_sentence_exit_3(tmp_path):
+    # A `tensorflow` that fails to import, shadowing the real one.
+    fake = tmp_path / "tensorflow"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("raise ImportError('simulated: no TensorFlow here')\n")
+    result = run_cli("info", python_path=str(tmp_path))
+    assert result.returncode == 3, (result.stdout, result.stderr)
+    assert_no_traceback(result)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("tf-metal-ops: TensorFlow cannot be imported")
+    assert "pip install" in lines[0]
+
+
+def test_missing_native_library_is_one_sentence_exit_3(tmp_path):
+    # A copy of the Python package without its native library.
+    source = Path(tf_metal_ops.__file__).resolve().parent
+    shutil.copytree(source, tmp_path / "tf_metal_ops",
+                    ignore=shutil.ignore_patterns("*.so", "*.dylib", "*.pyd", "*.metallib",
+                                                  "__pycache__"))
+    environ = dict(os.environ, PYTHONPATH=str(tmp_path))
+    result = subprocess.run([sys.executable, "-m", "tf_metal_ops", "check", "--quick"],
+                            capture_output=True, text=True, env=environ, timeout=600,
+                            cwd=str(tmp_path))
+    assert result.returncode == 3, (result.stdout, result.stderr)
+    assert_no_traceback(result)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert "native library" in lines[0] and "_tf_metal_ops" in lines[0]
+
+
+def test_plot_without_matplotlib_or_with_it(tmp_path, capsys):
+    out = tmp_path / "curves.png"
+    if importlib.util.find_spec("matplotlib") is None:
+        # Refused before any training, in-process (nothing heavy runs).
+        assert cli.main(["demo", "--epochs", "1", "--plot", str(out)]) == cli.EXIT_ENVIRONMENT
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "pip install matplotlib" in err[0]
+        assert not out.exists()
+    else:
+        result = run_cli("demo", "--epochs", "1", "--plot", str(out))
+        assert_no_traceback(result)
+        assert result.returncode == 0, result.stderr
+        assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"training curves saved to {out}" in result.stdout
+
+
+# ---------------------------------------------------------------------------------------------
+# info
+
+
+def test_info_lists_versions_kernels_and_build():
+    result = run_cli("info")
+    assert result.returncode == 0, result.stderr
+    assert_no_traceback(result)
+    out = result.stdout
+    import tensorflow as tf
+
+    assert re.search(rf"^TensorFlow\s+{re.escape(tf.__version__)}", out, re.M), out
+    assert re.search(r"^Python\s+\d+\.\d+\.\d+", out, re.M), out
+    assert re.search(r"^Keras\s+3\.", out, re.M), out
+    assert re.search(r"^tensorflow-metal\s+\S", out, re.M), out
+    # The kernel devices come from TensorFlow's registry: CPU at least, here and on a Mac.
+    assert re.search(r"^  TfMetalOps>CustomLoss\s+.*CPU", out, re.M), out
+    assert re.search(r"^  TfMetalOps>CustomLossGrad\s+.*CPU", out, re.M), out
+    assert re.search(r"^Native library\s+\S*_tf_metal_ops", out, re.M), out
+    assert re.search(r"^  built_against_tensorflow\s+\d", out, re.M), out
+    assert re.search(r"^Commit mode\s+(commit|commit_and_wait)\b", out, re.M), out
+    gpus = tf.config.list_logical_devices("GPU")
+    assert ("no GPU found" in out) == (not gpus)
+
+
+def test_info_json_matches_the_kernel_registry():
+    from tf_metal_ops import environment
+    from tensorflow.python.framework import kernels
+
+    info = json.loads(json.dumps(environment.describe()))  # JSON-serializable
+    for op in environment.OP_NAMES:
+        expected = sorted({k.device_type for k in kernels.get_registered_kernels_for_op(op).kernel})
+        assert sorted({k["device_type"] for k in info["kernels"][op]}) == expected
+        assert "CPU" in expected
+    assert info["build_info"]["built_against_tensorflow"]
+    assert info["commit_mode"] in ("commit", "commit_and_wait")
+    assert info["native_library"] and Path(info["native_library"]).exists()
+    assert info["devices"][0] == {"name": "CPU:0", "type": "CPU"}
+
+
+# ---------------------------------------------------------------------------------------------
+# check
+
+
+@pytest.fixture(scope="module")
+def quick_check_json():
+    result = run_cli("check", "--quick", "--json")
+    assert_no_traceback(result)
+    return result
+
+
+def test_check_quick_json_schema_and_exit_code(quick_check_json):
+    result = quick_check_json
+
+    def reject(constant: str) -> None:  # NaN / Infinity are not JSON; the report spells them
+        raise AssertionError(f"non-standard JSON constant {constant} in check --json")
+
+    doc = json.loads(result.stdout, parse_constant=reject)
+    assert result.returncode == (0 if doc["passed"] else 1)
+    assert result.returncode == 0, json.dumps(
+        [c for c in doc["cases"] if not c["passed"]], indent=1)[:3000]
+    assert doc["schema_version"] == 1 and doc["verdict"] == "PASS" and doc["quick"] is True
+    assert doc["dtypes"] == list(checks.DTYPES)
+    assert "CPU:0" in doc["devices"]
+    quick_names = [c.name for c in checks.CASES if c.quick]
+    assert len(doc["cases"]) == len(quick_names) * len(checks.DTYPES)
+    assert doc["summary"] == {"checks": len(doc["cases"]), "passed": len(doc["cases"]),
+                              "failed": 0}
+    assert set(doc["tolerances"]) == set(checks.DTYPES)
+    for case in doc["cases"]:
+        assert case["name"] in quick_names and case["dtype"] in checks.DTYPES
+        assert {"batch_shape", "num_classes", "labels", "gamma", "label_smoothing"} <= set(
+            case["params"])
+        report = case["report"]
+        assert report["has_reference"] is True and report["verdict"] == "PASS"
+        outputs = {(c["output"], c["expected"]) for c in report["comparisons"]}
+        for device in doc["devices"]:
+            assert report["placements"][device]
+        assert ("out['loss']", "reference") in outputs and ("out['grad']", "reference") in outputs
+        for c in report["comparisons"]:
+            assert {"max_abs_error", "max_rel_error", "worst_index", "nan_mismatches",
+                    "inf_mismatches", "mismatches", "rtol", "atol", "passed"} <= set(c)
+            assert (c["rtol"], c["atol"]) == tuple(checks.CHECK_TOLERANCES[case["dtype"]])
+    if not doc["gpu_found"]:
+        assert any(n.startswith("No GPU found") for n in doc["notes"])
+
+
+def test_check_text_table_and_summary(capsys):
+    # In-process: the subprocess path is covered by the JSON test above.
+    code = cli.main(["check", "--quick", "--dtype", "float32", "--dtype", "float16"])
+    out = capsys.readouterr().out
+    assert code == 0, out[-3000:]
+    assert re.search(r"^case\s+dtype\s+compared\s+ran on", out, re.M), out
+    n = sum(c.quick for c in checks.CASES)
+    assert f"{2 * n} checks ({n} cases x 2 dtypes): {2 * n} PASS, 0 FAIL -> PASS" in out
+    assert re.search(r"^large C=50257\s+float16\s+CPU:0 vs reference\s+CPU:0\s.*PASS$", out,
+                     re.M), out
+    tolerances = next(line for line in out.splitlines() if line.startswith("tolerances"))
+    assert "float32" in tolerances and "float16" in tolerances and "bfloat16" not in tolerances
+
+
+def test_check_failure_exits_1_and_names_the_worst_element(monkeypatch, capsys):
+    # No tolerance at all: float32 rounding is enough to fail, as a real regression would.
+    monkeypatch.setitem(checks.CHECK_TOLERANCES, "float32", (0.0, 0.0))
+    code = cli.main(["check", "--quick", "--dtype", "float32"])
+    out = capsys.readouterr().out
+    assert code == cli.EXIT_CHECK_FAILED == 1
+    assert re.search(r"FAIL$", out, re.M)
+    assert re.search(r"out\['(loss|grad)'\] CPU:0 vs reference: \d+ out of tolerance, 0 NaN and "
+                     r"0 Inf mismatches; worst at \[", out), out
+    assert out.rstrip().endswith("-> FAIL")
+
+
+# ---------------------------------------------------------------------------------------------
+# demo
+
+
+@pytest.fixture(scope="module")
+def default_demo():
+    result = run_cli("demo")
+    assert_no_traceback(result)
+    return result
+
+
+def test_demo_defaults_reach_95_percent(default_demo):
+    assert default_demo.returncode == 0, default_demo.stderr
+    out = default_demo.stdout
+    accuracy = float(re.search(r"^held-out accuracy: ([0-9.]+) \(\d+/450\)$", out, re.M)[1])
+    assert accuracy >= 0.95, out
+    epochs = re.findall(rf"^epoch\s+\d+/{demo.DEFAULT_EPOCHS} \[#+\] 43/43  loss [0-9.]+", out,
+                        re.M)
+    assert len(epochs) == demo.DEFAULT_EPOCHS, out
+    assert "CustomLoss(gamma=2.0, label_smoothing=0.1)" in out
+    device = re.search(r"^loss kernels ran on: (\S+) \(forward TfMetalOps>CustomLoss\), (\S+) "
+                       r"\(gradient TfMetalOps>CustomLossGrad\)", out, re.M)
+    assert device, out
+    import tensorflow as tf
+
+    if not tf.config.list_logical_devices("GPU"):
+        assert device[1] == device[2] == "CPU:0"
+
+
+def test_demo_is_deterministic_for_a_seed(default_demo):
+    # A second process with the same seed trains the same first epoch: the figures printed for
+    # it (and the data split) equal the default run's. The seed fixes everything random; the
+    # total number of epochs does not change epoch 1.
+    one = run_cli("demo", "--epochs", "1")
+    assert one.returncode == 0, one.stderr
+
+    def first_epoch(text: str) -> str:
+        line = next(line for line in text.splitlines() if re.match(r"epoch\s+1/", line))
+        return line.split("] ", 1)[1]
+
+    def data_line(text: str) -> str:
+        return next(line for line in text.splitlines() if line.startswith("data:"))
+
+    assert first_epoch(one.stdout) == first_epoch(default_demo.stdout)
+    assert data_line(one.stdout) == data_line(default_demo.stdout)
+    assert "(seed 0)" in one.stdout and re.search(r"loss \d\.\d{4}", first_epoch(one.stdout))
