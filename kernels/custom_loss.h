@@ -21,7 +21,8 @@
 //   g_c = w_c [ r_c^gamma - gamma p_c r_c^(gamma-1) lp_c ] = w_c r_c^gamma (1 - gamma p_c lp_c / r_c)
 //   G   = sum_c g_c.
 // (gamma = 0: g_c = w_c and dloss/dz_j = p_j sum_c w_c - w_j, softmax minus target.)
-// The gradient kernel writes upstream[row] * (p_j G - g_j): the incoming per-row gradient is
+// The gradient kernel writes upstream[row] * (p_j G - g_j) (evaluated as p_j (G - g_j) - g_j r_j,
+// see gradient_value): the incoming per-row gradient is
 // folded in, and everything is recomputed from the logits (no N x C intermediate is saved).
 //
 // Numerics (all arithmetic in float, whatever T is; loads convert, stores round once):
@@ -132,18 +133,42 @@ inline float focal_power(float r, float gamma) {
 // w r^gamma lp: one class's term of -loss. 0 when w == 0, even for lp = -inf.
 inline float loss_term(float lp, float w, float gamma) {
   if (w == 0.0f) return 0.0f;
-  const float r = 1.0f - precise::exp(lp);
+  const float r = -expm1_nonpositive(lp);
   return w * focal_power(r, gamma) * lp;
 }
 
-// g = w r^gamma (1 - gamma p lp / r), with lp / r -> -1 at r == 0 and p lp / r -> 0 at p == 0.
+// One class's gradient quantities, computed once per class.
+struct GradientParts {
+  float p;  // p_c
+  float r;  // r_c = 1 - p_c, from expm1
+  float g;  // g_c = w r^gamma (1 - gamma p lp / r); 0 when w == 0
+};
+
+// lp / r -> -1 at r == 0 and p lp / r -> 0 at p == 0 (see the numerics notes above).
+inline GradientParts gradient_parts(float lp, float w, float gamma) {
+  GradientParts out;
+  out.p = precise::exp(lp);
+  out.r = -expm1_nonpositive(lp);
+  out.g = 0.0f;
+  if (w != 0.0f) {
+    const float lp_over_r = out.r == 0.0f ? -1.0f : lp / out.r;
+    const float p_lp_over_r = out.p == 0.0f ? 0.0f : out.p * lp_over_r;
+    out.g = w * focal_power(out.r, gamma) * (1.0f - gamma * p_lp_over_r);
+  }
+  return out;
+}
+
 inline float gradient_term(float lp, float w, float gamma) {
   if (w == 0.0f) return 0.0f;
-  const float p = precise::exp(lp);
-  const float r = -expm1_nonpositive(lp);
-  const float lp_over_r = r == 0.0f ? -1.0f : lp / r;
-  const float p_lp_over_r = p == 0.0f ? 0.0f : p * lp_over_r;
-  return w * focal_power(r, gamma) * (1.0f - gamma * p_lp_over_r);
+  return gradient_parts(lp, w, gamma).g;
+}
+
+// d loss / d z_j = p_j G - g_j, written as p_j (G - g_j) - g_j r_j. The same number, but when
+// p_j is close to 1 the direct form subtracts two nearly equal products and keeps only the digits
+// of p_j (1e-3 relative error at r_j = 1e-4 in float); here g_j r_j carries r_j's own digits, and
+// G - g_j is exactly 0 when g_j is the row's only term (sparse labels without smoothing).
+inline float gradient_value(GradientParts t, float big_g) {
+  return t.p * (big_g - t.g) - t.g * t.r;
 }
 
 // ---- log-sum-exp state ------------------------------------------------------------------------
@@ -387,7 +412,7 @@ inline void process_row(const device T* logits, const device LabelT* labels,
   }
 
   if (!kGradient) {
-    if (leader) out[row] = T(-total);
+    if (leader) out[row] = T(0.0f - total);  // 0 - 0 = +0: no -0 loss (as the reference)
     return;
   }
 
@@ -396,8 +421,7 @@ inline void process_row(const device T* logits, const device LabelT* labels,
   for (uint c = first; c < num_classes; c += stride) {
     const float lp = log_prob(ls, float(logits[base + c]));
     const float w = class_weight<LabelT, kDense>(labels, base, label, c, class_weights, params);
-    const float g = gradient_term(lp, w, gamma);
-    out[base + c] = T(up * (precise::exp(lp) * total - g));
+    out[base + c] = T(up * gradient_value(gradient_parts(lp, w, gamma), total));
   }
 }
 

@@ -1,0 +1,125 @@
+// Stand-alone driver for the ThreadSanitizer build (a sanitized shared library cannot be loaded
+// into an unsanitized Python). Two modes:
+//
+//   custom_loss_driver_main case DIR
+//     DIR/case.txt: "key value" lines naming the TfmoEmuCase fields; DIR/{logits,labels,
+//     class_weights,upstream}.bin: raw arrays. Runs tfmo_emu_run and writes DIR/output.bin and
+//     DIR/error_record.bin. Exit 0 on success, 1 with the error on stderr.
+//
+//   custom_loss_driver_main raw KERNEL THREADS GROUPS TG_BYTES FLOATS
+//     Runs any registered kernel whose only buffer is [[buffer(0)]] float[FLOATS] (zeros) on the
+//     OS-thread executor, all GROUPS threadgroups at once, and prints the buffer. For the race
+//     detection tests' small kernels.
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "custom_loss_driver.h"
+#include "emulator.h"
+
+namespace {
+
+std::vector<char> read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::vector<char>(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+bool write_file(const std::string& path, const void* data, size_t bytes) {
+  std::ofstream out(path, std::ios::binary);
+  out.write(static_cast<const char*>(data), static_cast<std::streamsize>(bytes));
+  return static_cast<bool>(out);
+}
+
+size_t dtype_bytes(int32_t dtype) { return dtype == 0 ? 4 : 2; }
+
+int run_case(const std::string& dir) {
+  std::map<std::string, std::string> kv;
+  {
+    std::ifstream in(dir + "/case.txt");
+    std::string key, value;
+    while (in >> key >> value) kv[key] = value;
+  }
+  auto get = [&kv](const char* key, const char* fallback) {
+    auto it = kv.find(key);
+    return it == kv.end() ? std::string(fallback) : it->second;
+  };
+  TfmoEmuCase c;
+  std::memset(&c, 0, sizeof(c));
+  c.num_rows = std::stoll(get("num_rows", "0"));
+  c.num_classes = std::stoll(get("num_classes", "1"));
+  c.dtype = std::stoi(get("dtype", "0"));
+  c.label_kind = std::stoi(get("label_kind", "0"));
+  c.direction = std::stoi(get("direction", "0"));
+  c.variant = std::stoi(get("variant", "-1"));
+  c.gamma = std::stof(get("gamma", "0"));
+  c.label_smoothing = std::stof(get("label_smoothing", "0"));
+  c.has_class_weights = std::stoi(get("has_class_weights", "0"));
+  c.has_ignore_class = std::stoi(get("has_ignore_class", "0"));
+  c.ignore_class = std::stoll(get("ignore_class", "0"));
+  c.max_total_threads_per_threadgroup = std::stoul(get("max_threads", "1024"));
+  c.thread_execution_width = std::stoul(get("simd_width", "32"));
+  c.executor = std::stoi(get("executor", "1"));
+  c.max_concurrent_threadgroups = std::stoul(get("max_concurrent_threadgroups", "4"));
+
+  std::vector<char> logits = read_file(dir + "/logits.bin");
+  std::vector<char> labels = read_file(dir + "/labels.bin");
+  std::vector<char> weights = read_file(dir + "/class_weights.bin");
+  std::vector<char> upstream = read_file(dir + "/upstream.bin");
+  const size_t out_elements =
+      static_cast<size_t>(c.num_rows) * (c.direction == 1 ? static_cast<size_t>(c.num_classes) : 1);
+  std::vector<char> output(out_elements * dtype_bytes(c.dtype) + 1);
+  std::vector<uint32_t> record(8, 0);
+  c.logits = logits.data();
+  c.labels = labels.data();
+  c.class_weights = reinterpret_cast<const float*>(weights.data());
+  c.upstream = upstream.data();
+  c.output = output.data();
+  c.error_record = record.data();
+
+  TfmoEmuResult r;
+  tfmo_emu_run(&c, &r);
+  if (!r.ok) {
+    std::cerr << "error: " << r.error << "\n";
+    return 1;
+  }
+  std::cout << "kernel " << r.kernel_name << " threadgroups " << r.threadgroups_per_grid[0] << "x"
+            << r.threadgroups_per_grid[1] << " threads " << r.threads_per_threadgroup[0] << "\n";
+  if (!write_file(dir + "/output.bin", output.data(), out_elements * dtype_bytes(c.dtype)) ||
+      !write_file(dir + "/error_record.bin", record.data(), record.size() * 4)) {
+    std::cerr << "error: cannot write the outputs\n";
+    return 1;
+  }
+  return 0;
+}
+
+int run_raw(const std::string& kernel, uint32_t threads, uint32_t groups, uint32_t tg_bytes,
+            size_t floats) {
+  std::vector<float> buffer(floats, 0.0f);
+  char error[512];
+  if (!tfmo_emu_run_raw(kernel.c_str(), threads, groups, tg_bytes, buffer.data(), 1, error,
+                        sizeof(error))) {
+    std::cerr << "error: " << error << "\n";
+    return 1;
+  }
+  for (float v : buffer) std::cout << v << "\n";
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc == 3 && std::strcmp(argv[1], "case") == 0) return run_case(argv[2]);
+  if (argc == 7 && std::strcmp(argv[1], "raw") == 0) {
+    return run_raw(argv[2], std::stoul(argv[3]), std::stoul(argv[4]), std::stoul(argv[5]),
+                   std::stoul(argv[6]));
+  }
+  std::cerr << "usage: " << argv[0] << " case DIR | raw KERNEL THREADS GROUPS TG_BYTES FLOATS\n";
+  return 2;
+}

@@ -1,0 +1,47 @@
+// Runs a registered kernel (msl_host_runtime.h) over a Metal dispatch: a grid of threadgroups,
+// each with its threads, threadgroup memory, threadgroup_barrier and 32-lane (or any
+// power-of-two width) SIMD-groups whose collective functions run in lockstep.
+//
+// Two executors, same semantics:
+// - kFibers: the threads of one threadgroup are ucontext fibers on the calling OS thread. A
+//   barrier or SIMD-group function parks the fiber; when every fiber is parked the scheduler
+//   completes the collective (SIMD-group first, then the barrier) and resumes them. Threadgroups
+//   run one after another. Deterministic and fast (no OS threads): the default for the tests.
+// - kThreads: one OS thread per GPU thread, several threadgroups at once; barriers and
+//   collectives are mutex + condition variable. Slower, but ThreadSanitizer sees every GPU
+//   thread as a thread, so a race between GPU threads (in threadgroup or device memory) is
+//   reported. Used by the -fsanitize=thread build.
+// Both check the rules Metal leaves undefined and a real GPU would silently get wrong:
+// a barrier not reached by every thread of the threadgroup (some returned early), live lanes of a
+// SIMD-group waiting at different collectives, a shuffle that reads a lane that has returned.
+// Such a kernel fails the run with a message instead of producing numbers.
+#ifndef TF_METAL_OPS_TESTS_MSL_HOST_EMULATOR_H_
+#define TF_METAL_OPS_TESTS_MSL_HOST_EMULATOR_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "msl_host_runtime.h"
+
+namespace msl_host {
+
+enum class ExecutorKind { kFibers = 0, kThreads = 1 };
+
+struct Dispatch {
+  uint32_t threadgroups_per_grid[3];
+  uint32_t threads_per_threadgroup[3];  // 1-D threadgroups only (y = z = 1)
+  uint32_t threadgroup_memory_length;   // bytes; 0: the kernel has no threadgroup argument
+  uint32_t simd_width;                  // threadExecutionWidth
+  std::vector<void*> buffers;           // [[buffer(i)]] = buffers[i]
+  ExecutorKind executor = ExecutorKind::kFibers;
+  uint32_t max_concurrent_threadgroups = 4;  // kThreads only
+};
+
+// Empty on success, else what went wrong (unknown kernel, signature / plan mismatch, a
+// synchronization rule broken by the kernel).
+std::string run_dispatch(const std::string& kernel_name, const Dispatch& dispatch);
+
+}  // namespace msl_host
+
+#endif  // TF_METAL_OPS_TESTS_MSL_HOST_EMULATOR_H_

@@ -1,0 +1,50 @@
+// The interface between the C++ stand-in for <metal_stdlib> (include/metal_stdlib), which the
+// kernels see, and the emulator that runs them (emulator.cc). Plain C++17: no Metal spellings
+// here, because the shim defines `device`, `constant`, `threadgroup` and `thread` as macros
+// right after including this header.
+#ifndef TF_METAL_OPS_TESTS_MSL_HOST_MSL_HOST_RUNTIME_H_
+#define TF_METAL_OPS_TESTS_MSL_HOST_MSL_HOST_RUNTIME_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace msl_host {
+
+// The values of a kernel's thread-position attributes, in the order of TFMO_KERNEL_THREAD_ARGS
+// (kernels/custom_loss.h).
+struct ThreadIds {
+  uint32_t tg_pos[2];    // [[threadgroup_position_in_grid]]
+  uint32_t tg_count[2];  // [[threadgroups_per_grid]]
+  uint32_t tg_size[2];   // [[threads_per_threadgroup]]
+  uint32_t tid;          // [[thread_index_in_threadgroup]]
+  uint32_t lane;         // [[thread_index_in_simdgroup]]
+  uint32_t simd_width;   // [[threads_per_simdgroup]]
+  uint32_t sg_index;     // [[simdgroup_index_in_threadgroup]]
+  uint32_t sg_count;     // [[simdgroups_per_threadgroup]]
+};
+
+// Calls one kernel for one GPU thread. `buffers[i]` is what the host bound at [[buffer(i)]];
+// `threadgroup_memory` the threadgroup's [[threadgroup(0)]] block (shared by its threads).
+using KernelInvoker = void (*)(void* const* buffers, size_t num_buffers, void* threadgroup_memory,
+                               const ThreadIds& ids);
+
+struct KernelEntry {
+  std::string name;               // the [[host_name]]
+  KernelInvoker invoke;
+  size_t num_pointer_params;      // buffers + threadgroup arguments, leading the signature
+};
+
+// Called from static initializers of the kernel translation unit (TFMO_INSTANTIATE_KERNEL).
+bool register_kernel(const char* name, KernelInvoker invoke, size_t num_pointer_params);
+const KernelEntry* find_kernel(const std::string& name);
+
+// The synchronization and SIMD-group primitives, implemented by the executor running the
+// calling GPU thread (fibers or OS threads, see emulator.cc).
+enum SimdOp : int { kSimdSum = 0, kSimdMax = 1, kSimdShuffleXor = 2 };
+void threadgroup_barrier();
+float simd_collective(SimdOp op, float value, uint32_t arg);
+
+}  // namespace msl_host
+
+#endif  // TF_METAL_OPS_TESTS_MSL_HOST_MSL_HOST_RUNTIME_H_
