@@ -60,10 +60,17 @@ def library_path() -> Path:
         candidate = package_dir / f"{LIBRARY_STEM}{suffix}"
         if candidate.exists():
             return candidate
+    if (package_dir.parent / "setup.py").exists():
+        # A source checkout on sys.path (the working directory comes first under `python -m`)
+        # shadows any installed copy.
+        raise NativeLibraryError(
+            f"tf_metal_ops was imported from the source checkout {package_dir}, which has no "
+            "built native library: run `pip install -e .` there (or `python setup.py build_ext "
+            "--inplace`), or run from another directory to use the installed package."
+        )
     raise NativeLibraryError(
         f"tf_metal_ops's native library ({LIBRARY_STEM}*.so) is missing from {package_dir}: "
-        "reinstall the package with `pip install .` from a source checkout, or build it in "
-        "place with `python setup.py build_ext --inplace`."
+        "reinstall the package with `pip install .` from a source checkout."
     )
 
 
