@@ -109,7 +109,7 @@ def test_dense_one_hot_labels_in_keras():
 
 
 def test_get_config_round_trips_every_argument():
-    loss = tf_metal_ops.CustomLoss(
+    arguments = dict(
         gamma=1.5,
         label_smoothing=0.05,
         class_weights=[1.0, 2.0, 0.5],
@@ -118,19 +118,11 @@ def test_get_config_round_trips_every_argument():
         reduction="sum",
         name="my_loss",
     )
-    config = loss.get_config()
+    config = tf_metal_ops.CustomLoss(**arguments).get_config()
     json.dumps(config)  # serializable as plain JSON
     again = tf_metal_ops.CustomLoss.from_config(config)
     assert again.get_config() == config
-    for key, value in dict(
-        gamma=1.5,
-        label_smoothing=0.05,
-        class_weights=[1.0, 2.0, 0.5],
-        from_logits=False,
-        ignore_class=255,
-        reduction="sum",
-        name="my_loss",
-    ).items():
+    for key, value in arguments.items():
         assert config[key] == value, key
 
 
