@@ -66,6 +66,10 @@ def native_extension() -> Pybind11Extension:
         "csrc/runtime.cc",
         "csrc/python_module.cc",
         "csrc/cpu/custom_loss_cpu.cc",
+        "csrc/cpu/rows_portable.cc",
+        "csrc/cpu/rows_avx2.cc",
+        "csrc/cpu/thread_pool.cc",
+        "csrc/cpu/memory_floor.cc",
     ]
     define_macros = [("TF_METAL_OPS_BUILT_AGAINST_TF", f'"{tensorflow_version()}"')]
     extra_compile_args = ["-O3", "-fno-strict-aliasing"]

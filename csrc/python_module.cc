@@ -1,13 +1,16 @@
 // The pybind11 face of the native library: build information and the process-wide runtime
 // settings of runtime.h. The same shared object is also the TensorFlow op library, so the
 // settings Python changes here are the ones the kernels read.
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <stdexcept>
 #include <string>
 
+#include "csrc/cpu/memory_floor.h"
 #include "csrc/cpu/parallel_for.h"
+#include "csrc/cpu/rows_dispatch.h"
 #include "csrc/runtime.h"
 
 #ifndef TF_METAL_OPS_BUILT_AGAINST_TF
@@ -75,4 +78,35 @@ PYBIND11_MODULE(_tf_metal_ops, m) {
     }
     tmo::SetCpuThreadLimit(threads);
   });
+
+  // ---- Benchmark support (issue 5, owned by the CPU-performance work in csrc/cpu/) ----------
+  // Which vectorized variant the CPU kernels picked for this machine ("avx2" or "portable").
+  m.def("cpu_kernel_isa", [] { return std::string(tmo::SelectedRowsIsa()); });
+  // One pass of the memory floor (csrc/cpu/memory_floor.h) over a C-contiguous float32 matrix:
+  // with `dst` None it only reads `src` (the forward op's traffic), otherwise it also writes
+  // `dst` (the gradient op's). Runs without the GIL, on the kernels' threads and thread cap.
+  m.def(
+      "memory_floor_pass",
+      [](py::array_t<float, py::array::c_style> src, py::object dst) {
+        if (src.ndim() != 2) throw std::invalid_argument("src must be a 2-D float32 array");
+        const int64_t rows = src.shape(0);
+        const int64_t cols = src.shape(1);
+        if (dst.is_none()) {
+          py::gil_scoped_release release;
+          return tmo::StreamReadPass(src.data(), rows, cols);
+        }
+        // No conversion: a converted copy would be written instead of the caller's array.
+        if (!py::isinstance<py::array_t<float, py::array::c_style>>(dst)) {
+          throw std::invalid_argument("dst must be a C-contiguous float32 array");
+        }
+        auto out = dst.cast<py::array_t<float, py::array::c_style>>();
+        if (out.ndim() != 2 || out.shape(0) != rows || out.shape(1) != cols || !out.writeable()) {
+          throw std::invalid_argument("dst must be a writable float32 array shaped like src");
+        }
+        float* out_data = out.mutable_data();
+        py::gil_scoped_release release;
+        tmo::StreamCopyPass(src.data(), out_data, rows, cols);
+        return 0.0;
+      },
+      py::arg("src"), py::arg("dst") = py::none());
 }

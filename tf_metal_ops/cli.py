@@ -29,6 +29,8 @@ import os
 import sys
 from typing import Any, Callable, Sequence
 
+from tf_metal_ops._arguments import positive_int, whole_number
+
 # TensorFlow's C++ log lines (CPU feature notices at start-up, and with Keras 3 on recent TF a
 # harmless "NodeDef mentions attribute use_unbounded_threadpool" at error level whenever
 # tf.data runs) would bury this tool's own output. Real failures still arrive as Python
@@ -64,24 +66,8 @@ def _dtype_list(text: str) -> list[str]:
     return names
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
-    return value
-
-
 def _seed(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}") from None
-    if not 0 <= value < 2**32:
-        raise argparse.ArgumentTypeError(f"expected a whole number in [0, 2**32), got {text!r}")
-    return value
+    return whole_number(text, 0, 2**32)
 
 
 def _png_path(text: str) -> str:
@@ -120,12 +106,18 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser(
         "demo", epilog=_EPILOG,
         help="train a small CNN with CustomLoss on scikit-learn's handwritten digits")
-    demo.add_argument("--epochs", type=_positive_int, default=None, metavar="N",
+    demo.add_argument("--epochs", type=positive_int, default=None, metavar="N",
                       help="training epochs (default: the demo's tuned value)")
     demo.add_argument("--plot", type=_png_path, default=None, metavar="OUT.png",
                       help="also save the training curves as a PNG (needs matplotlib)")
     demo.add_argument("--seed", type=_seed, default=0, metavar="S",
                       help="random seed: the same seed prints the same figures (default 0)")
+
+    from tf_metal_ops import bench  # noqa: PLC0415  (standard library only at import)
+
+    commands.add_parser(
+        "bench", epilog=_EPILOG, parents=[bench.build_parser(add_help=False)],
+        help="time the CPU kernels against TensorFlow's and Keras's losses and the memory floor")
     return parser
 
 
@@ -242,10 +234,18 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from tf_metal_ops import bench, environment  # noqa: PLC0415 - TensorFlow only after parsing
+
+    environment.load_package()
+    return bench.run_and_print(args)
+
+
 _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "info": _cmd_info,
     "check": _cmd_check,
     "demo": _cmd_demo,
+    "bench": _cmd_bench,
 }
 
 

@@ -1,10 +1,15 @@
-// CPU kernels of CustomLoss and CustomLossGrad.
+// CPU kernels of CustomLoss and CustomLossGrad: checks, output allocation, and the choice of
+// row kernel.
 //
-// One thread handles a row at a time; a row is read from memory once per pass and stays in the
-// cache between passes (a row of 1000 float logits is 4 KB). The formulas and their limits are
-// derived in row_loss.h.
+// Float, half and bfloat16 logits run the vectorized rows of rows_dispatch.h (the variant for
+// this CPU's instruction set), spread over the thread pool by ParallelFor. Float64 logits run
+// the scalar rows below, built on row_loss.h, which derives the formulas and their limits and
+// which the vectorized rows also fall back on for single elements. A row is read from memory
+// once per pass and stays in the cache between passes.
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <type_traits>
 #include <memory>
 #include <vector>
@@ -12,6 +17,7 @@
 #include "csrc/cpu/float_types.h"
 #include "csrc/cpu/parallel_for.h"
 #include "csrc/cpu/row_loss.h"
+#include "csrc/cpu/rows_dispatch.h"
 #include "csrc/problem.h"
 
 namespace tf_metal_ops {
@@ -159,6 +165,15 @@ Error CheckValues(const CustomLossProblem& problem, const CustomLossInputs& inpu
   return Error::Ok();
 }
 
+// sum_c a_c. Without class weights it is C, not a loop over C: C is not bounded by any
+// allocation then (an empty batch may declare 2^62 classes).
+double SumClassWeights(const CustomLossProblem& problem, const float* class_weights) {
+  if (class_weights == nullptr) return static_cast<double>(problem.num_classes);
+  double sum = 0;
+  for (int64_t c = 0; c < problem.num_classes; ++c) sum += class_weights[c];
+  return sum;
+}
+
 template <typename T>
 RowSetup<T> MakeSetup(const CustomLossProblem& problem, const CustomLossInputs& inputs) {
   using Acc = typename Accumulator<T>::type;
@@ -172,8 +187,7 @@ RowSetup<T> MakeSetup(const CustomLossProblem& problem, const CustomLossInputs& 
       problem.has_class_weights
           ? static_cast<const float*>(TF_TensorData(inputs.class_weights.get()))
           : nullptr;
-  setup.sum_class_weights = 0;
-  for (int64_t c = 0; c < problem.num_classes; ++c) setup.sum_class_weights += setup.ClassWeight(c);
+  setup.sum_class_weights = SumClassWeights(problem, setup.class_weights);
   return setup;
 }
 
@@ -226,6 +240,65 @@ void ComputeRows(const CustomLossProblem& problem, const CustomLossInputs& input
   });
 }
 
+RowsArgs MakeRowsArgs(const CustomLossProblem& problem, const CustomLossInputs& inputs,
+                      StorageType type, TF_Tensor* out) {
+  RowsArgs args;
+  args.type = type;
+  args.label_kind = problem.attrs.label_kind;
+  args.forward = problem.attrs.direction == Direction::kForward;
+  args.num_classes = problem.num_classes;
+  args.gamma = problem.attrs.gamma;
+  const float eps = problem.attrs.label_smoothing;
+  args.smoothing_share = eps / static_cast<float>(problem.num_classes);
+  args.target_share = 1.0f - eps;
+  args.class_weights =
+      problem.has_class_weights
+          ? static_cast<const float*>(TF_TensorData(inputs.class_weights.get()))
+          : nullptr;
+  args.sum_class_weights = static_cast<float>(SumClassWeights(problem, args.class_weights));
+  args.has_ignore_class = problem.attrs.has_ignore_class;
+  args.ignore_class = problem.attrs.ignore_class;
+  args.logits = TF_TensorData(inputs.logits.get());
+  args.labels = TF_TensorData(inputs.labels.get());
+  args.upstream = args.forward ? nullptr : TF_TensorData(inputs.upstream.get());
+  args.out = TF_TensorData(out);
+  return args;
+}
+
+// The gradient has the logits' shape and dtype. When nothing but this op still holds the logits
+// (a model's last layer in training: the forward op has run, the gradient op is their last
+// reader), TensorFlow lets the gradient take over their buffer, and the step then allocates
+// nothing of size N x C: no memory, and no page faults on fresh memory, which on some systems
+// cost more than the kernel. Every row kernel is written to be correct in place (each pass
+// reads z_c before it writes grad_c; the vectorized rows then keep e_c in a scratch row).
+Error AllocateGradient(TF_OpKernelContext* ctx, const CustomLossProblem& problem,
+                       CustomLossInputs* inputs, TensorPtr* out, bool* in_place) {
+  // Our own handle on the logits counts as a second owner and would forbid the forwarding.
+  inputs->logits.reset();
+  const int candidates[] = {kLogits};
+  int forwarded = -1;
+  StatusPtr status = NewStatus();
+  out->reset(TF_ForwardInputOrAllocateOutput(
+      ctx, candidates, 1, kOutput, problem.logits_dims.data(),
+      static_cast<int>(problem.logits_dims.size()), &forwarded, status.get()));
+  if (Error e = FromStatus(status.get(), OpDescription(problem.attrs) + ": allocating the gradient");
+      !e.ok()) {
+    return e;
+  }
+  *in_place = forwarded == kLogits;
+  return GetInput(ctx, kLogits, &inputs->logits);
+}
+
+// Float, half and bfloat16 logits: the vectorized rows of this CPU's instruction set.
+void ComputeVectorized(const CustomLossProblem& problem, const CustomLossInputs& inputs,
+                       StorageType type, bool in_place, TF_Tensor* out) {
+  RowsArgs args = MakeRowsArgs(problem, inputs, type, out);
+  args.in_place = in_place;
+  const RowsKernel kernel = SelectRowsKernel();
+  ParallelFor(problem.num_rows, problem.num_classes,
+              [&](int64_t begin, int64_t end) { kernel(args, begin, end); });
+}
+
 template <typename T>
 void ComputeTyped(const CustomLossProblem& problem, const CustomLossInputs& inputs, TF_Tensor* out) {
   switch (problem.attrs.label_kind) {
@@ -258,15 +331,27 @@ void Compute(void* kernel, TF_OpKernelContext* ctx) {
     return FailKernel(ctx, e);
   }
   if (Error e = CheckValues(problem, inputs); !e.ok()) return FailKernel(ctx, e);
+  if (problem.num_rows == 0) {  // an empty batch: an empty output, and no per-class setup
+    TensorPtr empty;
+    if (Error e = AllocateOutput(ctx, problem, &empty); !e.ok()) return FailKernel(ctx, e);
+    return;
+  }
   TensorPtr out;
-  if (Error e = AllocateOutput(ctx, problem, &out); !e.ok()) return FailKernel(ctx, e);
+  bool in_place = false;
+  if (problem.attrs.direction == Direction::kGradient) {
+    if (Error e = AllocateGradient(ctx, problem, &inputs, &out, &in_place); !e.ok()) {
+      return FailKernel(ctx, e);
+    }
+  } else if (Error e = AllocateOutput(ctx, problem, &out); !e.ok()) {
+    return FailKernel(ctx, e);
+  }
   switch (problem.attrs.logits_dtype) {
     case TF_HALF:
-      return ComputeTyped<Half>(problem, inputs, out.get());
+      return ComputeVectorized(problem, inputs, StorageType::kHalf, in_place, out.get());
     case TF_BFLOAT16:
-      return ComputeTyped<BFloat16>(problem, inputs, out.get());
+      return ComputeVectorized(problem, inputs, StorageType::kBFloat16, in_place, out.get());
     case TF_FLOAT:
-      return ComputeTyped<float>(problem, inputs, out.get());
+      return ComputeVectorized(problem, inputs, StorageType::kFloat, in_place, out.get());
     case TF_DOUBLE:
       return ComputeTyped<double>(problem, inputs, out.get());
     default:
@@ -289,4 +374,35 @@ const bool cpu_kernels_registered = (RegisterKernel(kForwardOpName, &CreateForwa
                                      RegisterKernel(kGradientOpName, &CreateGradient), true);
 
 }  // namespace
+
+namespace {
+// Read once: the CPU does not change, and an environment override is for tests only.
+RowsKernel ChooseRowsKernel(const char** isa) {
+  const char* forced = std::getenv("TF_METAL_OPS_CPU_ISA");
+  const bool force_portable = forced != nullptr && std::strcmp(forced, "portable") == 0;
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  if (!force_portable && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+      __builtin_cpu_supports("f16c")) {
+    *isa = "avx2";
+    return &avx2::ComputeRows;
+  }
+#endif
+  (void)force_portable;
+  *isa = "portable";
+  return &portable::ComputeRows;
+}
+struct RowsKernelChoice {
+  const char* isa = nullptr;
+  RowsKernel kernel = ChooseRowsKernel(&isa);
+};
+const RowsKernelChoice& Choice() {
+  static const RowsKernelChoice choice;
+  return choice;
+}
+}  // namespace
+
+RowsKernel SelectRowsKernel() { return Choice().kernel; }
+const char* SelectedRowsIsa() { return Choice().isa; }
+
 }  // namespace tf_metal_ops

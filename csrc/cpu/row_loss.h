@@ -24,7 +24,8 @@
 //   a class is +inf, and the kernel says so.)
 // - The running maximum starts at the lowest finite value, not -inf, so a row that begins with
 //   -inf logits never evaluates -inf - (-inf).
-// - A NaN logit makes lse NaN, hence the row's loss and gradient NaN, and no other row's.
+// - A NaN logit makes lse NaN, hence the row's loss and gradient NaN, and no other row's; so
+//   does a +inf logit (the softmax is inf / inf there).
 #ifndef TF_METAL_OPS_CSRC_CPU_ROW_LOSS_H_
 #define TF_METAL_OPS_CSRC_CPU_ROW_LOSS_H_
 
@@ -69,6 +70,10 @@ LogSoftmax<Acc> RowLogSoftmax(const T* z, int64_t num_classes) {
   }
   // No logit reached m: every one is -inf (or NaN). The softmax is undefined; log(0) makes lse
   // -inf and every lp = -inf - (-inf) = NaN, as in the reference.
+  // A +inf logit makes the softmax inf / inf: the whole row is NaN, as in the reference.
+  if (max_value == std::numeric_limits<Acc>::infinity()) {
+    return {max_value, std::numeric_limits<Acc>::quiet_NaN()};
+  }
   if (ties == 0) return {max_value, std::log(others)};
   return {max_value, std::log1p(others + (ties - 1))};
 }

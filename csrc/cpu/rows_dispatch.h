@@ -1,0 +1,61 @@
+// The vectorized row kernels (float, half and bfloat16 logits) and the choice between their
+// instruction-set variants.
+//
+// The kernels are written once (simd_rows.h, over the vectors of simd_vector.h) and compiled
+// per instruction set: rows_portable.cc for the baseline every CPU of the architecture has
+// (SSE2 on x86-64, NEON on arm64; 4 lanes) and rows_avx2.cc for x86-64 CPUs with AVX2, FMA and
+// F16C (8 lanes). Which one runs is decided once per process from the CPU's feature bits, so a
+// wheel built on any machine runs on every x86-64 and arm64 machine; no -march flag is used.
+// Float64 logits take the scalar kernel in custom_loss_cpu.cc (row_loss.h).
+#ifndef TF_METAL_OPS_CSRC_CPU_ROWS_DISPATCH_H_
+#define TF_METAL_OPS_CSRC_CPU_ROWS_DISPATCH_H_
+
+#include <cstdint>
+
+#include "csrc/problem.h"
+
+namespace tf_metal_ops {
+
+enum class StorageType : int32_t { kFloat = 0, kHalf = 1, kBFloat16 = 2 };
+
+// Everything one op execution's rows need, fixed for the whole batch.
+struct RowsArgs {
+  StorageType type = StorageType::kFloat;
+  LabelKind label_kind = LabelKind::kSparseInt32;
+  bool forward = true;
+  int64_t num_classes = 0;
+  float gamma = 0;
+  float smoothing_share = 0;  // eps / C: every class's share of the smoothed target
+  float target_share = 1;     // 1 - eps: what the labelled class (or t_c) keeps
+  const float* class_weights = nullptr;  // null: all ones
+  float sum_class_weights = 0;           // sum_c a_c
+  bool has_ignore_class = false;
+  int64_t ignore_class = 0;
+  const void* logits = nullptr;    // [N, C] of `type`
+  const void* labels = nullptr;    // [N] int32/int64, or [N, C] of `type`
+  const void* upstream = nullptr;  // [N] of `type`, gradient only
+  void* out = nullptr;             // [N] loss, or [N, C] gradient, of `type`
+  bool in_place = false;           // the gradient is written over the logits (out == logits)
+};
+
+// Computes rows [begin, end) of the output. Thread-safe: different ranges may run at once.
+using RowsKernel = void (*)(const RowsArgs& args, int64_t begin, int64_t end);
+
+namespace portable {
+void ComputeRows(const RowsArgs& args, int64_t begin, int64_t end);
+}
+#if defined(__x86_64__)
+namespace avx2 {
+void ComputeRows(const RowsArgs& args, int64_t begin, int64_t end);
+}
+#endif
+
+// The variant for this CPU. TF_METAL_OPS_CPU_ISA=portable in the environment (read once)
+// forces the baseline variant, so its numerics can be tested on an AVX2 machine too.
+RowsKernel SelectRowsKernel();
+// "avx2" or "portable" (what SelectRowsKernel() picked), for build information and benchmarks.
+const char* SelectedRowsIsa();
+
+}  // namespace tf_metal_ops
+
+#endif  // TF_METAL_OPS_CSRC_CPU_ROWS_DISPATCH_H_

@@ -1,0 +1,28 @@
+// The row kernels for the baseline every CPU of the architecture has: SSE2 on x86-64, NEON on
+// arm64 (4 float lanes). Always built; rows_avx2.cc adds a wider variant for x86-64.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#elif defined(__aarch64__)
+#include <arm_neon.h>
+#endif
+
+#include "csrc/cpu/float_types.h"
+#include "csrc/cpu/row_loss.h"
+#include "csrc/cpu/rows_dispatch.h"
+
+namespace tf_metal_ops {
+namespace portable {
+
+#define TF_METAL_OPS_SIMD_LANES 4
+#include "csrc/cpu/simd_vector.h"
+#include "csrc/cpu/simd_rows.h"
+
+}  // namespace portable
+}  // namespace tf_metal_ops

@@ -1,0 +1,515 @@
+// The vectorized CustomLoss / CustomLossGrad of a range of rows (float, half, bfloat16 logits).
+//
+// DELIBERATELY NO INCLUDE GUARD: compiled once per instruction set inside a namespace, after
+// simd_vector.h (see there and rows_dispatch.h). The formulas are those of row_loss.h, which
+// derives them; this file only arranges them into few passes over a row:
+//
+//   pass 1  max_c z_c                                       reads the row (from memory)
+//   pass 2  e_c = exp(z_c - max), sums `others` and `ties`   reads the row again (from L1/L2)
+//           (stores e_c when a later pass needs p_c)
+//   then    lse pieces once per row: log_sum = log1p(others + ties - 1), 1 / (others + ties)
+//   pass 3  the loss terms, or the gradient, from e_c and z_c
+//
+// p_c is e_c / (others + ties), which is exp(lp_c) with lp_c = (z_c - max) - log_sum as in
+// row_loss.h; reusing e_c saves the second exponential per element. The gradient is written
+// in place: pass 2 stores e_c straight into the gradient row (float32), which pass 3 turns into
+// d loss / d z, so nothing of size N x C is allocated besides the output. Half and bfloat16
+// rows keep e_c (and g_c) in a per-thread float buffer of C elements instead, so nothing is
+// rounded to 16 bits before the end; so do float rows whose gradient overwrites the logits
+// themselves (args.in_place), since later passes still read z_c.
+//
+// Where the vector formulas are not exact enough the scalar row_loss.h code takes over for
+// that element: r_c = 1 - p_c is exact to an ulp only for p_c <= 1/2, so lanes with p_c > 1/2
+// (at most one class per row, since the p_c sum to 1) are recomputed with r = -expm1(lp) and
+// the limits of Focal(); that keeps the confident-row exactness and the gamma < 1 limits.
+// The labelled class's own terms in the sparse, unsmoothed case are scalar anyway.
+
+#ifndef TF_METAL_OPS_SIMD_LANES
+#error "include simd_vector.h (with TF_METAL_OPS_SIMD_LANES) before simd_rows.h"
+#endif
+
+// A row is walked as full vectors plus one shorter tail: Op::Block<true> for the full ones (no
+// tail test inside the main loop), Op::Block<false> once for the last num_classes % kLanes.
+template <typename Op>
+TMO_SIMD_INLINE void ForEachBlock(int64_t num_classes, Op& op) {
+  int64_t c = 0;
+  for (; c + kLanes <= num_classes; c += kLanes) op.template Block<true>(c, kLanes);
+  if (c < num_classes) op.template Block<false>(c, num_classes - c);
+}
+template <bool kFull, typename T>
+TMO_SIMD_INLINE VF LoadBlock(const T* p, int64_t n, float fill) {
+  if constexpr (kFull) {
+    return LoadFull(p);
+  } else {
+    return LoadN(p, n, fill);
+  }
+}
+template <bool kFull, typename T>
+TMO_SIMD_INLINE void StoreBlock(T* p, VF v, int64_t n) {
+  if constexpr (kFull) {
+    StoreFull(p, v);
+  } else {
+    StoreN(p, v, n);
+  }
+}
+template <bool kFull>
+TMO_SIMD_INLINE VF ZeroTail(VF v, int64_t n) {
+  if constexpr (kFull) {
+    return v;
+  } else {
+    return KeepIf(Iota() < SplatI(static_cast<int32_t>(n)), v);
+  }
+}
+
+// w_c = a_c q_c of a sparse row, for the lanes [c, c + n); lanes past n are 0.
+struct SparseWeights {
+  const RowsArgs* args;
+  int64_t label;
+  template <bool kFull>
+  TMO_SIMD_INLINE VF Get(int64_t c, int64_t n) const {
+    VF q = Splat(args->smoothing_share);
+    const int64_t d = label - c;
+    if (d >= 0 && d < kLanes) {
+      q = q + KeepIf(Iota() == SplatI(static_cast<int32_t>(d)), Splat(args->target_share));
+    }
+    q = ZeroTail<kFull>(q, n);
+    return args->class_weights ? LoadBlock<kFull>(args->class_weights + c, n, 0.0f) * q : q;
+  }
+  float ClassWeight(int64_t c) const { return args->class_weights ? args->class_weights[c] : 1.0f; }
+  // sum_c w_c without a pass over the classes.
+  float Sum(int64_t) const {
+    return args->smoothing_share * args->sum_class_weights +
+           args->target_share * ClassWeight(label);
+  }
+};
+
+// w_c = a_c ((1 - eps) t_c + eps / C) of a dense row.
+template <typename T>
+struct DenseWeights {
+  const RowsArgs* args;
+  const T* targets;
+  template <bool kFull>
+  TMO_SIMD_INLINE VF Get(int64_t c, int64_t n) const {
+    const VF t = LoadBlock<kFull>(targets + c, n, 0.0f);
+    VF q = ZeroTail<kFull>(Splat(args->target_share) * t + Splat(args->smoothing_share), n);
+    return args->class_weights ? LoadBlock<kFull>(args->class_weights + c, n, 0.0f) * q : q;
+  }
+  struct SumOp {
+    const DenseWeights* weights;
+    VF sum;
+    template <bool kFull>
+    TMO_SIMD_INLINE void Block(int64_t c, int64_t n) {
+      sum += weights->template Get<kFull>(c, n);
+    }
+  };
+  float Sum(int64_t num_classes) const {
+    SumOp op{this, Splat(0.0f)};
+    ForEachBlock(num_classes, op);
+    return ReduceAdd(op.sum);
+  }
+};
+
+// How r^gamma is computed, fixed per op execution so the inner loops carry no test for it.
+enum class GammaKind { kOne, kTwo, kGeneral };
+inline GammaKind KindOf(float gamma) {
+  return gamma == 1.0f ? GammaKind::kOne : gamma == 2.0f ? GammaKind::kTwo : GammaKind::kGeneral;
+}
+
+// r^gamma for r in [1/2, 1] (the vector lanes), NaN passing through.
+template <GammaKind kGamma>
+TMO_SIMD_INLINE VF PowVector(VF r, float gamma) {
+  if constexpr (kGamma == GammaKind::kOne) {
+    return r;
+  } else if constexpr (kGamma == GammaKind::kTwo) {
+    return r * r;  // pow(r, 2) is r * r correctly rounded: the same value
+  } else {
+    return Exp(Splat(gamma) * Log(r));
+  }
+}
+
+// The softmax of one row, as row_loss.h's LogSoftmax plus the reciprocal of the sum.
+struct RowSoftmax {
+  float max;
+  float log_sum;  // log sum_c exp(z_c - max), via log1p(others + ties - 1)
+  float inv_sum;  // 1 / sum_c exp(z_c - max): p_c = e_c * inv_sum
+  float LogP(float z) const { return (z - max) - log_sum; }
+};
+
+template <typename T>
+TMO_SIMD_INLINE float RowMax(const T* z, int64_t num_classes) {
+  const float lowest = std::numeric_limits<float>::lowest();
+  VF m0 = Splat(lowest);
+  VF m1 = m0;
+  int64_t c = 0;
+  for (; c + 2 * kLanes <= num_classes; c += 2 * kLanes) {  // two chains hide the latency
+    m0 = MaxKeep(m0, LoadFull(z + c));
+    m1 = MaxKeep(m1, LoadFull(z + c + kLanes));
+  }
+  for (; c < num_classes; c += kLanes) m0 = MaxKeep(m0, LoadN(z + c, num_classes - c, lowest));
+  return ReduceMaxKeep(MaxKeep(m0, m1), lowest);
+}
+
+// Pass 2. Each logit equal to the maximum adds exactly 1 (counted in `ties`), the others'
+// share is summed apart so a confident row keeps its digits (row_loss.h). The tail's padding
+// lanes hold the maximum itself (exp(0): Exp's fast path) and are then masked out of e and of
+// the ties.
+template <bool kStoreE, typename T>
+struct ExpSumOp {
+  const T* z;
+  float* e_out;
+  VF max;
+  VF others;
+  VI ties;
+  template <bool kFull>
+  TMO_SIMD_INLINE void Block(int64_t c, int64_t n) {
+    const VF v = LoadBlock<kFull>(z + c, n, max[0]);
+    VI tie = v == max;
+    VF e = Exp(v - max);
+    if constexpr (!kFull) {
+      const VI valid = Iota() < SplatI(static_cast<int32_t>(n));
+      tie &= valid;
+      e = KeepIf(valid, e);
+    }
+    others += DropIf(tie, e);
+    ties -= tie;  // tie lanes are -1
+    if constexpr (kStoreE) StoreBlock<kFull>(e_out + c, e, n);
+  }
+};
+
+template <bool kStoreE, typename T>
+TMO_SIMD_INLINE RowSoftmax RowExpSum(const T* z, int64_t num_classes, float max, float* e_out) {
+  ExpSumOp<kStoreE, T> op{z, e_out, Splat(max), Splat(0.0f), SplatI(0)};
+  ForEachBlock(num_classes, op);
+  const float others_sum = ReduceAdd(op.others);
+  const float ties_sum = ReduceAdd(__builtin_convertvector(op.ties, VF));
+  RowSoftmax softmax;
+  softmax.max = max;
+  // No logit reached the maximum: all are -inf (or NaN); log(0) = -inf makes every lp NaN.
+  softmax.log_sum =
+      ties_sum == 0 ? std::log(others_sum) : std::log1p(others_sum + (ties_sum - 1.0f));
+  softmax.inv_sum = 1.0f / (others_sum + ties_sum);
+  if (max == std::numeric_limits<float>::infinity()) {
+    // A +inf logit: the softmax is inf / inf, undefined in floating point. The whole row is NaN,
+    // as in the reference (computed literally, the loss could come out inf beside a NaN
+    // gradient).
+    softmax.log_sum = softmax.inv_sum = std::numeric_limits<float>::quiet_NaN();
+  }
+  return softmax;
+}
+
+// The lanes whose p > 1/2: recompute them in scalar (see the top of this file).
+TMO_SIMD_INLINE VI NeedsScalar(VF p) { return p > Splat(0.5f); }
+
+// Forward of a general row (smoothing, dense targets or class weights all allowed):
+// loss = - sum_{c: w_c != 0} w_c r_c^gamma lp_c. `e` holds pass 2's e_c when gamma > 0.
+template <bool kFocal, GammaKind kGamma, typename T, typename Weights>
+struct LossOp {
+  const T* z;
+  const float* e;
+  const Weights* weights;
+  float gamma;
+  VF max, log_sum, inv_sum;
+  VF sum;
+  template <bool kFull>
+  TMO_SIMD_INLINE void Block(int64_t c, int64_t n) {
+    const VF w = weights->template Get<kFull>(c, n);
+    const VF lp = (LoadBlock<kFull>(z + c, n, 0.0f) - max) - log_sum;
+    VF term;
+    if constexpr (!kFocal) {
+      term = w * lp;
+    } else {
+      const VF p = LoadBlock<kFull>(e + c, n, 0.0f) * inv_sum;
+      term = w * (PowVector<kGamma>(Splat(1.0f) - p, gamma) * lp);
+      const VI fix = NeedsScalar(p);
+      if (Any(fix)) {
+        for (int i = 0; i < kLanes; ++i) {
+          if (fix[i]) term[i] = w[i] * Focal<float>(lp[i], gamma).loss;
+        }
+      }
+    }
+    sum += KeepIf(w != Splat(0.0f), term);  // w = 0: 0, not 0 * inf
+  }
+};
+
+template <bool kFocal, GammaKind kGamma, typename T, typename Weights>
+float RowLoss(const T* z, const Weights& weights, const RowSoftmax& sm, const float* e,
+              float gamma, int64_t num_classes) {
+  LossOp<kFocal, kGamma, T, Weights> op{z,      e, &weights, gamma, Splat(sm.max), Splat(sm.log_sum),
+                                Splat(sm.inv_sum), Splat(0.0f)};
+  ForEachBlock(num_classes, op);
+  return 0.0f - ReduceAdd(op.sum);  // 0 - x: a zero loss is +0
+}
+
+// grad_c = upstream * (p_c * scale), p_c = e_c / sum: the gradient of a sparse, unsmoothed row
+// (scale = g_y) before its labelled element is set. `e` may be `grad` itself.
+template <typename T>
+struct ScaleOp {
+  const float* e;
+  T* grad;
+  VF inv_sum, scale, upstream;
+  template <bool kFull>
+  TMO_SIMD_INLINE void Block(int64_t c, int64_t n) {
+    StoreBlock<kFull>(grad + c, upstream * ((LoadBlock<kFull>(e + c, n, 0.0f) * inv_sum) * scale), n);
+  }
+};
+
+// grad_c = upstream * (p_c * total - w_c): gamma = 0, where g_c = w_c.
+template <typename T, typename Weights>
+struct CrossEntropyGradOp {
+  const float* e;
+  const Weights* weights;
+  T* grad;
+  VF inv_sum, total, upstream;
+  template <bool kFull>
+  TMO_SIMD_INLINE void Block(int64_t c, int64_t n) {
+    const VF p = LoadBlock<kFull>(e + c, n, 0.0f) * inv_sum;
+    StoreBlock<kFull>(grad + c, upstream * (p * total - weights->template Get<kFull>(c, n)), n);
+  }
+};
+
+// g_c = w_c r^gamma (1 - gamma p lp / r) into `g`, summed into `total` (gamma > 0).
+template <GammaKind kGamma, typename T, typename Weights>
+struct FocalFactorOp {
+  const T* z;
+  const float* e;
+  const Weights* weights;
+  float* g;
+  float gamma;
+  VF max, log_sum, inv_sum;
+  VF total;
+  template <bool kFull>
+  TMO_SIMD_INLINE void Block(int64_t c, int64_t n) {
+    const VF w = weights->template Get<kFull>(c, n);
+    const VF lp = (LoadBlock<kFull>(z + c, n, 0.0f) - max) - log_sum;
+    const VF p = LoadBlock<kFull>(e + c, n, 0.0f) * inv_sum;
+    const VF r = Splat(1.0f) - p;
+    // lim p lp / r = 0 as p -> 0, also where lp = -inf (a masked class).
+    const VF p_lp_over_r = KeepIf(p != Splat(0.0f), (p * lp) / r);
+    VF factor = PowVector<kGamma>(r, gamma) * (Splat(1.0f) - Splat(gamma) * p_lp_over_r);
+    const VI fix = NeedsScalar(p);
+    if (Any(fix)) {
+      for (int i = 0; i < kLanes; ++i) {
+        if (fix[i]) factor[i] = Focal<float>(lp[i], gamma).gradient;
+      }
+    }
+    const VF gc = KeepIf(w != Splat(0.0f), w * factor);
+    total += gc;
+    StoreBlock<kFull>(g + c, gc, n);
+  }
+};
+
+// grad_c = upstream * (p_c * total - g_c).
+template <typename T>
+struct FocalGradOp {
+  const float* e;
+  const float* g;
+  T* grad;
+  VF inv_sum, total, upstream;
+  template <bool kFull>
+  TMO_SIMD_INLINE void Block(int64_t c, int64_t n) {
+    const VF p = LoadBlock<kFull>(e + c, n, 0.0f) * inv_sum;
+    StoreBlock<kFull>(grad + c, upstream * (p * total - LoadBlock<kFull>(g + c, n, 0.0f)), n);
+  }
+};
+
+template <typename T, typename Weights>
+struct RowKernel {
+  const RowsArgs& args;
+  int64_t num_classes;
+
+  float Loss(const T* z, const Weights& weights, const RowSoftmax& sm, const float* e) const {
+    const float gamma = args.gamma;
+    if (gamma == 0.0f) {
+      return RowLoss<false, GammaKind::kOne>(z, weights, sm, e, gamma, num_classes);
+    }
+    switch (KindOf(gamma)) {
+      case GammaKind::kOne:
+        return RowLoss<true, GammaKind::kOne>(z, weights, sm, e, gamma, num_classes);
+      case GammaKind::kTwo:
+        return RowLoss<true, GammaKind::kTwo>(z, weights, sm, e, gamma, num_classes);
+      case GammaKind::kGeneral:
+        break;
+    }
+    return RowLoss<true, GammaKind::kGeneral>(z, weights, sm, e, gamma, num_classes);
+  }
+
+  // Gradient of a sparse, unsmoothed row: only the label carries weight, G = g_y, and
+  // d/dz_j = p_j g_y (j != y), -r_y g_y (j = y). `e` holds e_c; it may be `grad` itself.
+  void GradientLabelled(const T* z, int64_t label, float w_y, const RowSoftmax& sm,
+                        const float* e, float upstream, T* grad) const {
+    const float lp_y = sm.LogP(Load(z[label]));
+    const float g = w_y * Focal<float>(lp_y, args.gamma).gradient;
+    ScaleOp<T> op{e, grad, Splat(sm.inv_sum), Splat(g), Splat(upstream)};
+    ForEachBlock(num_classes, op);
+    Store(upstream * (std::expm1(lp_y) * g), &grad[label]);
+  }
+
+  // Gradient of a general row with gamma = 0: g_c = w_c, so d/dz_j = p_j W - w_j.
+  void GradientCrossEntropy(const Weights& weights, const RowSoftmax& sm, const float* e,
+                            float upstream, T* grad) const {
+    CrossEntropyGradOp<T, Weights> op{e, &weights, grad, Splat(sm.inv_sum),
+                                      Splat(weights.Sum(num_classes)), Splat(upstream)};
+    ForEachBlock(num_classes, op);
+  }
+
+  // Gradient of a general focal row: g_c into `g`, G = sum, then d/dz_j = p_j G - g_j.
+  void GradientFocal(const T* z, const Weights& weights, const RowSoftmax& sm, const float* e,
+                     float* g, float upstream, T* grad) const {
+    float total = 0;
+    switch (KindOf(args.gamma)) {
+      case GammaKind::kOne:
+        total = FocalFactors<GammaKind::kOne>(z, weights, sm, e, g);
+        break;
+      case GammaKind::kTwo:
+        total = FocalFactors<GammaKind::kTwo>(z, weights, sm, e, g);
+        break;
+      case GammaKind::kGeneral:
+        total = FocalFactors<GammaKind::kGeneral>(z, weights, sm, e, g);
+        break;
+    }
+    FocalGradOp<T> grads{e, g, grad, Splat(sm.inv_sum), Splat(total), Splat(upstream)};
+    ForEachBlock(num_classes, grads);
+  }
+
+  template <GammaKind kGamma>
+  float FocalFactors(const T* z, const Weights& weights, const RowSoftmax& sm, const float* e,
+                     float* g) const {
+    FocalFactorOp<kGamma, T, Weights> op{z, e, &weights, g, args.gamma, Splat(sm.max),
+                                         Splat(sm.log_sum), Splat(sm.inv_sum), Splat(0.0f)};
+    ForEachBlock(num_classes, op);
+    return ReduceAdd(op.total);
+  }
+};
+
+template <typename Label>
+TMO_SIMD_INLINE int64_t ReadLabelAt(const void* labels, int64_t row) {
+  return static_cast<int64_t>(static_cast<const Label*>(labels)[row]);
+}
+
+// Rows [begin, end) of one storage type and label kind (Label = T for dense targets).
+template <typename T, typename Label>
+void ComputeRowsTyped(const RowsArgs& args, int64_t begin, int64_t end) {
+  constexpr bool kDense = std::is_same_v<Label, T>;
+  const int64_t num_classes = args.num_classes;
+  const T* logits = static_cast<const T*>(args.logits);
+  T* out = static_cast<T*>(args.out);
+  const bool forward = args.forward;
+  const bool gamma_zero = args.gamma == 0.0f;
+  // Sparse rows without smoothing have a single weighted class, handled in scalar.
+  const bool only_labelled = !kDense && args.smoothing_share == 0.0f;
+
+  // Float gradients keep e_c in the output row itself; the rest needs float buffers of C.
+  bool need_e = false;
+  bool need_g = false;
+  if (forward) {
+    need_e = !only_labelled && !gamma_zero;
+  } else {
+    // In place, e_c must not overwrite z_c, which later passes still read.
+    need_e = !std::is_same_v<T, float> || args.in_place;
+    need_g = !only_labelled && !gamma_zero;
+  }
+  // Kept per thread between calls (a pool worker serves many): O(C) per thread, no N x C.
+  static thread_local std::vector<float> buffers;
+  const size_t buffer_size =
+      static_cast<size_t>(num_classes) * ((need_e ? 1 : 0) + (need_g ? 1 : 0));
+  if (buffers.size() < buffer_size) buffers.resize(buffer_size);
+  float* e_buffer = need_e ? buffers.data() : nullptr;
+  float* g_buffer = need_g ? buffers.data() + (need_e ? num_classes : 0) : nullptr;
+
+  RowKernel<T, std::conditional_t<kDense, DenseWeights<T>, SparseWeights>> kernel{args,
+                                                                                  num_classes};
+  for (int64_t row = begin; row < end; ++row) {
+    const T* z = logits + row * num_classes;
+    int64_t label = -1;
+    if constexpr (!kDense) {
+      label = ReadLabelAt<Label>(args.labels, row);
+      if (args.has_ignore_class && label == args.ignore_class) {
+        if (forward) {
+          Store(0.0f, &out[row]);
+        } else {
+          std::memset(static_cast<void*>(out + row * num_classes), 0,
+                      sizeof(T) * static_cast<size_t>(num_classes));  // +0 in every type
+        }
+        continue;
+      }
+    }
+    std::conditional_t<kDense, DenseWeights<T>, SparseWeights> weights;
+    if constexpr (kDense) {
+      weights = DenseWeights<T>{&args, static_cast<const T*>(args.labels) + row * num_classes};
+    } else {
+      weights = SparseWeights{&args, label};
+    }
+    const float max = RowMax(z, num_classes);
+
+    if (forward) {
+      if constexpr (!kDense) {
+        if (only_labelled) {
+          const RowSoftmax sm = RowExpSum<false>(z, num_classes, max, nullptr);
+          const float w = weights.ClassWeight(label) *
+                          (args.smoothing_share + args.target_share);  // as row_loss.h's Weight
+          Store(w == 0.0f ? 0.0f
+                          : 0.0f - w * Focal<float>(sm.LogP(Load(z[label])), args.gamma).loss,
+                &out[row]);
+          continue;
+        }
+      }
+      if (gamma_zero) {
+        const RowSoftmax sm = RowExpSum<false>(z, num_classes, max, nullptr);
+        Store(kernel.Loss(z, weights, sm, nullptr), &out[row]);
+      } else {
+        const RowSoftmax sm = RowExpSum<true>(z, num_classes, max, e_buffer);
+        Store(kernel.Loss(z, weights, sm, e_buffer), &out[row]);
+      }
+      continue;
+    }
+
+    T* grad = out + row * num_classes;
+    float* e = e_buffer;
+    if constexpr (std::is_same_v<T, float>) {
+      if (!args.in_place) e = grad;  // e_c kept in the gradient row, turned into grad_c later
+    }
+    const RowSoftmax sm = RowExpSum<true>(z, num_classes, max, e);
+    const float upstream = Load(static_cast<const T*>(args.upstream)[row]);
+    if constexpr (!kDense) {
+      if (only_labelled) {
+        const float w_y = weights.ClassWeight(label) * (args.smoothing_share + args.target_share);
+        kernel.GradientLabelled(z, label, w_y, sm, e, upstream, grad);
+        continue;
+      }
+    }
+    if (gamma_zero) {
+      kernel.GradientCrossEntropy(weights, sm, e, upstream, grad);
+    } else {
+      kernel.GradientFocal(z, weights, sm, e, g_buffer, upstream, grad);
+    }
+  }
+}
+
+// The entry point of this ISA's variant (declared in rows_dispatch.h).
+void ComputeRows(const RowsArgs& args, int64_t begin, int64_t end) {
+  switch (args.type) {
+    case StorageType::kFloat:
+      switch (args.label_kind) {
+        case LabelKind::kSparseInt32: return ComputeRowsTyped<float, int32_t>(args, begin, end);
+        case LabelKind::kSparseInt64: return ComputeRowsTyped<float, int64_t>(args, begin, end);
+        case LabelKind::kDense: return ComputeRowsTyped<float, float>(args, begin, end);
+      }
+      return;
+    case StorageType::kHalf:
+      switch (args.label_kind) {
+        case LabelKind::kSparseInt32: return ComputeRowsTyped<Half, int32_t>(args, begin, end);
+        case LabelKind::kSparseInt64: return ComputeRowsTyped<Half, int64_t>(args, begin, end);
+        case LabelKind::kDense: return ComputeRowsTyped<Half, Half>(args, begin, end);
+      }
+      return;
+    case StorageType::kBFloat16:
+      switch (args.label_kind) {
+        case LabelKind::kSparseInt32:
+          return ComputeRowsTyped<BFloat16, int32_t>(args, begin, end);
+        case LabelKind::kSparseInt64:
+          return ComputeRowsTyped<BFloat16, int64_t>(args, begin, end);
+        case LabelKind::kDense: return ComputeRowsTyped<BFloat16, BFloat16>(args, begin, end);
+      }
+      return;
+  }
+}

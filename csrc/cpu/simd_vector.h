@@ -1,0 +1,301 @@
+// Portable float vectors and the elementwise math the row kernels need: Exp and Log.
+//
+// DELIBERATELY NO INCLUDE GUARD. This file is compiled once per instruction set: a
+// rows_<isa>.cc file defines TF_METAL_OPS_SIMD_LANES, opens its own namespace (and, for AVX2,
+// a target region) and includes it. Every name here therefore exists once per ISA and never
+// collides. The includes it needs (<cstdint>, <cstring>, <limits>, the intrinsics headers) are
+// made by the including file *before* any target region, so no standard-library inline
+// function is ever compiled for a wider ISA than the baseline (it would be merged with the
+// baseline copy at link time and could run on a CPU without that ISA).
+//
+// The vectors are GCC/clang vector extensions (`vector_size`), which both compilers lower to
+// SSE2/AVX2 on x86-64 and to NEON on arm64, with IEEE semantics intact (no fast-math): NaN
+// compares false, 0 * inf is NaN. Only a few operations use intrinsics (fused multiply-add,
+// half conversions, the lane mask test) because the extensions have no spelling for them.
+//
+// Exp and Log: range reduction plus a polynomial, derived below; exp is within 0.99 ulp and log
+// within 1.89 ulp of the exact value in float32 over their whole range (measured against the
+// double-precision libm over every 16th float32 bit pattern, both lane widths), and
+// exact in the special cases: NaN -> NaN, exp(-inf) = 0, exp(x > 88.72) = inf, exp underflows
+// through the subnormals to +0; log(0) = -inf, log(x < 0) = NaN, log(inf) = inf.
+
+#ifndef TF_METAL_OPS_SIMD_LANES
+#error "define TF_METAL_OPS_SIMD_LANES before including simd_vector.h"
+#endif
+
+#define TMO_SIMD_INLINE inline __attribute__((always_inline))
+
+constexpr int kLanes = TF_METAL_OPS_SIMD_LANES;
+typedef float VF __attribute__((vector_size(kLanes * 4)));      // the arithmetic type
+typedef int32_t VI __attribute__((vector_size(kLanes * 4)));    // comparison masks, exponents
+typedef uint32_t VU __attribute__((vector_size(kLanes * 4)));   // bit patterns
+typedef uint16_t VH __attribute__((vector_size(kLanes * 2)));   // 16-bit storage (half, bf16)
+
+TMO_SIMD_INLINE VF Splat(float x) { return VF{} + x; }
+TMO_SIMD_INLINE VI SplatI(int32_t x) { return VI{} + x; }
+TMO_SIMD_INLINE VU SplatU(uint32_t x) { return VU{} + x; }
+TMO_SIMD_INLINE VI Iota() {
+  VI v;
+  for (int i = 0; i < kLanes; ++i) v[i] = i;
+  return v;
+}
+
+// Same-size vector casts reinterpret the bits.
+TMO_SIMD_INLINE VU Bits(VF x) { return (VU)x; }
+TMO_SIMD_INLINE VF FromBits(VU x) { return (VF)x; }
+
+// mask ? a : b, lane by lane (mask lanes are all ones or all zeros, as comparisons give).
+TMO_SIMD_INLINE VF Select(VI mask, VF a, VF b) {
+#if defined(TMO_SIMD_AVX2)
+  return (VF)_mm256_blendv_ps((__m256)b, (__m256)a, (__m256)mask);
+#elif defined(__aarch64__)
+  return (VF)vbslq_f32((uint32x4_t)mask, (float32x4_t)a, (float32x4_t)b);
+#else
+  const VU m = (VU)mask;
+  return FromBits((Bits(a) & m) | (Bits(b) & ~m));
+#endif
+}
+// mask ? a : 0, and mask ? 0 : a.
+TMO_SIMD_INLINE VF KeepIf(VI mask, VF a) { return FromBits(Bits(a) & (VU)mask); }
+TMO_SIMD_INLINE VF DropIf(VI mask, VF a) {
+#if defined(TMO_SIMD_AVX2)
+  return (VF)_mm256_andnot_ps((__m256)mask, (__m256)a);
+#else
+  return FromBits(Bits(a) & ~(VU)mask);
+#endif
+}
+
+// `x > m ? x : m`: the kernels' max, which never picks a NaN x. x86's maxps(x, m) is exactly
+// this; elsewhere it is spelled out.
+TMO_SIMD_INLINE VF MaxKeep(VF m, VF x) {
+#if defined(TMO_SIMD_AVX2)
+  return (VF)_mm256_max_ps((__m256)x, (__m256)m);
+#elif defined(__x86_64__)
+  return (VF)_mm_max_ps((__m128)x, (__m128)m);
+#else
+  return Select(x > m, x, m);
+#endif
+}
+// `x < m ? x : m`, the mirror image (minps(x, m)).
+TMO_SIMD_INLINE VF MinKeep(VF m, VF x) {
+#if defined(TMO_SIMD_AVX2)
+  return (VF)_mm256_min_ps((__m256)x, (__m256)m);
+#elif defined(__x86_64__)
+  return (VF)_mm_min_ps((__m128)x, (__m128)m);
+#else
+  return Select(x < m, x, m);
+#endif
+}
+
+TMO_SIMD_INLINE VF Fma(VF a, VF b, VF c) {
+#if defined(TMO_SIMD_AVX2)
+  return (VF)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
+#elif defined(__aarch64__)
+  return (VF)vfmaq_f32((float32x4_t)c, (float32x4_t)a, (float32x4_t)b);
+#else
+  return a * b + c;
+#endif
+}
+
+// True when any lane of a comparison mask is set.
+TMO_SIMD_INLINE bool Any(VI mask) {
+#if defined(TMO_SIMD_AVX2)
+  return _mm256_movemask_ps((__m256)mask) != 0;
+#elif defined(__x86_64__) && TF_METAL_OPS_SIMD_LANES == 4
+  return _mm_movemask_ps((__m128)mask) != 0;
+#elif defined(__aarch64__)
+  return vmaxvq_u32((uint32x4_t)mask) != 0;
+#else
+  int32_t any = 0;
+  for (int i = 0; i < kLanes; ++i) any |= mask[i];
+  return any != 0;
+#endif
+}
+
+TMO_SIMD_INLINE float ReduceAdd(VF v) {
+  // Pairwise halving: the same tree on every ISA width, and fewer roundings than a chain.
+  float lanes[kLanes];
+  std::memcpy(lanes, &v, sizeof(v));
+  for (int width = kLanes / 2; width > 0; width /= 2) {
+    for (int i = 0; i < width; ++i) lanes[i] += lanes[i + width];
+  }
+  return lanes[0];
+}
+TMO_SIMD_INLINE float ReduceMaxKeep(VF v, float m) {
+  for (int i = 0; i < kLanes; ++i) m = v[i] > m ? v[i] : m;
+  return m;
+}
+
+// ---- exp ------------------------------------------------------------------------------------
+// exp(x) = 2^k * exp(f), k = round(x / ln 2), f = x - k ln 2 in [-ln2/2, ln2/2].
+// - k ln 2 is subtracted in two parts (Cody and Waite): kLn2Hi has its low 12 bits zero, so
+//   k * kLn2Hi is exact for |k| < 2^12 and x - k * kLn2Hi is exact (the operands are within
+//   a factor of two); kLn2Lo = ln 2 - kLn2Hi carries the rest.
+// - exp(f) = 1 + f + f^2 P(f) with P of degree 4: the coefficients minimize the largest
+//   relative error of exp over [-ln2/2, ln2/2] (fitted for this file by iteratively reweighted
+//   least squares; they stay within 1e-4 of the Taylor coefficients 1/2, 1/6, 1/24, 1/120,
+//   1/720). The fit's error is 3.1e-9, far under float32's 6e-8 half-ulp, so what remains is
+//   the rounding of the Horner steps, about 1 ulp. The leading 1 is added last.
+// - 2^k is built in the exponent bits. Usually k is in [-126, 126] and one normal 2^k does.
+//   Otherwise (|x| beyond 87) 2^k is applied as 2^k1 * 2^k2 with k1 = k / 2: the first product
+//   is exact (normal), the second rounds once, which gives correctly rounded subnormals and a
+//   clean overflow to inf.
+// - Inputs are clamped to [-104, 89] first (below exp(-104) < 2^-150 everything rounds to 0;
+//   above 88.73 everything overflows), which keeps k in range for -inf and +inf. The clamp
+//   lets a NaN through, and every later step keeps it NaN.
+TMO_SIMD_INLINE VF ClampKeepingNaN(VF x, float lo, float hi) {
+#if defined(TMO_SIMD_AVX2)
+  // maxps/minps return their second operand when either is NaN.
+  return (VF)_mm256_min_ps(_mm256_set1_ps(hi), _mm256_max_ps(_mm256_set1_ps(lo), (__m256)x));
+#elif defined(__x86_64__)
+  return (VF)_mm_min_ps(_mm_set1_ps(hi), _mm_max_ps(_mm_set1_ps(lo), (__m128)x));
+#elif defined(__aarch64__)
+  return (VF)vminq_f32(vdupq_n_f32(hi), vmaxq_f32(vdupq_n_f32(lo), (float32x4_t)x));  // NaN wins
+#else
+  return Select(x < Splat(lo), Splat(lo), Select(x > Splat(hi), Splat(hi), x));
+#endif
+}
+
+TMO_SIMD_INLINE VF Exp(VF x) {
+  constexpr float kLog2e = 1.44269504088896341f;
+  constexpr float kLn2Hi = 0.693145751953125f;          // 0x3f317200
+  constexpr float kLn2Lo = 1.428606820309417232e-06f;   // ln 2 - kLn2Hi
+  constexpr float kRoundMagic = 12582912.0f;            // 1.5 * 2^23: adding it rounds to an integer
+  const VF xc = ClampKeepingNaN(x, -104.0f, 89.0f);
+  const VF kf = Fma(xc, Splat(kLog2e), Splat(kRoundMagic)) - Splat(kRoundMagic);
+  VF f = Fma(kf, Splat(-kLn2Hi), xc);
+  f = Fma(kf, Splat(-kLn2Lo), f);
+  VF poly = Splat(1.381461276e-03f);
+  poly = Fma(poly, f, Splat(8.368710056e-03f));
+  poly = Fma(poly, f, Splat(4.166838899e-02f));
+  poly = Fma(poly, f, Splat(1.666652113e-01f));
+  poly = Fma(poly, f, Splat(4.999999404e-01f));
+  const VF expf = Splat(1.0f) + Fma(poly, f * f, f);
+  const VI k = __builtin_convertvector(kf, VI);
+  // |x| <= 87.3 gives k in [-126, 126]. (A NaN lane passes the test with a meaningless k; its
+  // result is NaN times some number, still NaN.)
+  if (!Any(FromBits(Bits(xc) & SplatU(0x7fffffffu)) > Splat(87.3f))) {
+    return expf * FromBits((VU)(k + 127) << 23);
+  }
+  const VI k1 = k >> 1;  // arithmetic shift: floor(k / 2)
+  const VI k2 = k - k1;
+  const VF scale1 = FromBits((VU)(k1 + 127) << 23);
+  const VF scale2 = FromBits((VU)(k2 + 127) << 23);
+  return (expf * scale1) * scale2;
+}
+
+// ---- log ------------------------------------------------------------------------------------
+// log(x) = e ln 2 + log(m) with x = m 2^e and m in [sqrt(1/2), sqrt(2)).
+// - log(m) = 2 atanh(s) = 2 (s + s^3/3 + s^5/5 + ...), s = (m - 1) / (m + 1), |s| <= 0.1716:
+//   m - 1 is exact (Sterbenz), and stopping after s^9/9 leaves s^11/11 < 2e-9 relative.
+// - e ln 2 again in two parts, the large one added last so no digit of log(m) is lost.
+// - Subnormal inputs are scaled by 2^23 first; 0, negatives, inf and NaN are set at the end.
+TMO_SIMD_INLINE VF Log(VF x) {
+  constexpr float kLn2Hi = 0.693145751953125f;
+  constexpr float kLn2Lo = 1.428606820309417232e-06f;
+  constexpr float kMinNormal = 1.17549435e-38f;  // 2^-126
+  const VI subnormal = x < Splat(kMinNormal);
+  const VF xs = Select(subnormal, x * Splat(8388608.0f), x);  // * 2^23
+  const VU bits = Bits(xs);
+  VI e = (VI)(bits >> 23) - SplatI(127) - (subnormal & SplatI(23));
+  VF m = FromBits((bits & SplatU(0x007fffffu)) | SplatU(0x3f800000u));  // in [1, 2)
+  const VI big = m > Splat(1.41421356f);
+  m = Select(big, m * Splat(0.5f), m);
+  e = e - big;  // big lanes are -1: e + 1
+  const VF s = (m - Splat(1.0f)) / (m + Splat(1.0f));
+  const VF z = s * s;
+  VF poly = Splat(1.0f / 9.0f);
+  poly = Fma(poly, z, Splat(1.0f / 7.0f));
+  poly = Fma(poly, z, Splat(1.0f / 5.0f));
+  poly = Fma(poly, z, Splat(1.0f / 3.0f));
+  const VF two_s = s + s;
+  const VF log_m = Fma(two_s * z, poly, two_s);
+  const VF ef = __builtin_convertvector(e, VF);
+  VF result = Fma(ef, Splat(kLn2Hi), Fma(ef, Splat(kLn2Lo), log_m));
+  result = Select(x == Splat(0.0f), Splat(-std::numeric_limits<float>::infinity()), result);
+  result = Select(x < Splat(0.0f), Splat(std::numeric_limits<float>::quiet_NaN()), result);
+  result = Select(x == Splat(std::numeric_limits<float>::infinity()), x, result);
+  return Select(x != x, x + x, result);
+}
+
+// ---- loads and stores of every storage type, widened to / narrowed from float -----------------
+TMO_SIMD_INLINE VF LoadFull(const float* p) {
+  VF v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+TMO_SIMD_INLINE VF LoadFull(const BFloat16* p) {
+  VH h;
+  std::memcpy(&h, p, sizeof(h));
+  return FromBits(__builtin_convertvector(h, VU) << 16);  // bfloat16 is a float's top half
+}
+TMO_SIMD_INLINE VF LoadFull(const Half* p) {
+#if defined(TMO_SIMD_AVX2)
+  return (VF)_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+#elif defined(__aarch64__)
+  return (VF)vcvt_f32_f16(vld1_f16(reinterpret_cast<const __fp16*>(p)));
+#else
+  // IEEE half -> float by bits: move exponent and mantissa up 13 places and multiply by
+  // 2^(127 - 15), which rebiases the exponent and also normalizes subnormal halves. Inf and NaN
+  // (exponent all ones) get a float exponent of all ones instead, keeping the NaN payload.
+  VH h;
+  std::memcpy(&h, p, sizeof(h));
+  const VU wide = __builtin_convertvector(h, VU);
+  const VU sign = (wide & SplatU(0x8000u)) << 16;
+  const VU magnitude = wide & SplatU(0x7fffu);
+  const VF scaled = FromBits(magnitude << 13) * Splat(5.192296858534828e+33f);  // 2^112
+  const VI special = (VI)(magnitude >= SplatU(0x7c00u));
+  const VF inf_nan = FromBits((magnitude << 13) | SplatU(0x7f800000u));
+  return FromBits(Bits(Select(special, inf_nan, scaled)) | sign);
+#endif
+}
+
+TMO_SIMD_INLINE void StoreFull(float* p, VF v) { std::memcpy(p, &v, sizeof(v)); }
+TMO_SIMD_INLINE void StoreFull(BFloat16* p, VF v) {
+  // Round to nearest even as float_types.h's Store does; NaN stays a quiet NaN.
+  const VU bits = Bits(v);
+  const VU rounded = (bits + SplatU(0x7fffu) + ((bits >> 16) & SplatU(1u))) >> 16;
+  const VU quiet_nan = (bits >> 16) | SplatU(0x40u);
+  const VI is_nan = (VI)((bits & SplatU(0x7fffffffu)) > SplatU(0x7f800000u));
+  const VU out = (quiet_nan & (VU)is_nan) | (rounded & ~(VU)is_nan);
+  const VH h = __builtin_convertvector(out, VH);
+  std::memcpy(p, &h, sizeof(h));
+}
+TMO_SIMD_INLINE void StoreFull(Half* p, VF v) {
+#if defined(TMO_SIMD_AVX2)
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
+                   _mm256_cvtps_ph((__m256)v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#elif defined(__aarch64__)
+  vst1_f16(reinterpret_cast<__fp16*>(p), vcvt_f16_f32((float32x4_t)v));
+#else
+  for (int i = 0; i < kLanes; ++i) Store(v[i], &p[i]);
+#endif
+}
+
+// The first n (< kLanes) elements, the other lanes set to `fill`: the tail of a row.
+template <typename T>
+TMO_SIMD_INLINE VF LoadN(const T* p, int64_t n, float fill) {
+  if (n >= kLanes) return LoadFull(p);
+  VF v = Splat(fill);
+  for (int64_t i = 0; i < n; ++i) v[i] = Load(p[i]);
+  return v;
+}
+template <typename T>
+TMO_SIMD_INLINE void StoreN(T* p, VF v, int64_t n) {
+  if (n >= kLanes) return StoreFull(p, v);
+  for (int64_t i = 0; i < n; ++i) Store(v[i], &p[i]);
+}
+#if defined(TMO_SIMD_AVX2)
+// Float tails with AVX2's masked moves, which never touch the lanes past n (no fault at the end
+// of a buffer). For small class counts (C = 10: one vector and a tail of two) the tail is a
+// large part of every pass, and the element-by-element loop above dominated it.
+TMO_SIMD_INLINE VF LoadN(const float* p, int64_t n, float fill) {
+  if (n >= kLanes) return LoadFull(p);
+  const VI mask = Iota() < SplatI(static_cast<int32_t>(n));
+  return Select(mask, (VF)_mm256_maskload_ps(p, (__m256i)mask), Splat(fill));
+}
+TMO_SIMD_INLINE void StoreN(float* p, VF v, int64_t n) {
+  if (n >= kLanes) return StoreFull(p, v);
+  _mm256_maskstore_ps(p, (__m256i)(Iota() < SplatI(static_cast<int32_t>(n))), (__m256)v);
+}
+#endif

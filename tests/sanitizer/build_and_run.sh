@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# Builds the native library with AddressSanitizer + UndefinedBehaviorSanitizer and runs the op
+# tests against it. Any sanitizer report aborts the Python process, which fails the test (or
+# the whole run) that triggered it.
+#
+#   tests/sanitizer/build_and_run.sh [extra pytest arguments, e.g. -x or -k name]
+#
+# Environment:
+#   PYTHON            the Python with TensorFlow, pybind11, pytest, hypothesis and
+#                     setuptools >= 77 (default: python3)
+#   CXX               the compiler whose sanitizer runtime is preloaded (default: g++)
+#   SANITIZER_WORK    where the build and the package copy go (default: a new temp dir,
+#                     removed at exit; set it to keep them)
+#   SANITIZER_TESTS   the test files to run (default below)
+#
+# How the tests see the sanitized library without touching the checkout: the package's Python
+# files are copied into $SANITIZER_WORK/pkg/tf_metal_ops next to the sanitized library, and
+# pytest runs from $SANITIZER_WORK with that directory first on PYTHONPATH. The script checks
+# that the library actually loaded is the sanitized one before running anything.
+#
+# Why these settings:
+#   LD_PRELOAD of the ASan runtime (and libstdc++, see below): Python itself is not
+#     instrumented, and ASan must own malloc from the first allocation, so its runtime has to
+#     be loaded before anything else.
+#   detect_leaks=0: Python and TensorFlow keep many allocations alive until exit on purpose;
+#     leak reports would be noise (tests/test_robustness.py measures leaks directly).
+#   halt_on_error=1, -fno-sanitize-recover=all: the first finding stops the process.
+#   float-cast-overflow (not part of gcc's -fsanitize=undefined): a NaN or huge float turned
+#     into an integer is undefined behaviour too.
+#   The memory-flatness tests are deselected: ASan's quarantine and allocator change both the
+#     heap accounting and the RSS they measure.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+PYTHON=${PYTHON:-python3}
+CXX=${CXX:-g++}
+SANITIZER_TESTS=${SANITIZER_TESTS:-"tests/test_custom_loss_op.py tests/test_bad_input.py tests/test_keras_loss.py tests/test_properties.py tests/test_robustness.py"}
+if [ -n "${SANITIZER_WORK:-}" ]; then
+  WORK=$SANITIZER_WORK
+  mkdir -p "$WORK"
+else
+  WORK=$(mktemp -d /tmp/tf_metal_ops_sanitizer.XXXXXX)
+  trap 'rm -rf "$WORK"' EXIT
+fi
+start=$(date +%s)
+step() { echo "=== [sanitizer $(( $(date +%s) - start ))s] $*"; }
+
+"$PYTHON" - <<'EOF'
+import sys
+import setuptools
+major = int(setuptools.__version__.split(".")[0])
+if major < 77:
+    sys.exit(f"setuptools {setuptools.__version__} is too old to read pyproject.toml's license "
+             "field: `pip install 'setuptools>=77'` in this Python first")
+EOF
+
+ASAN_RUNTIME=$("$CXX" -print-file-name=libasan.so)
+if [ ! -e "$ASAN_RUNTIME" ]; then
+  echo "the ASan runtime of $CXX was not found (got '$ASAN_RUNTIME'): install libasan (gcc) or libclang-rt-dev (clang)" >&2
+  exit 2
+fi
+
+step "building the native library with -fsanitize=address,undefined ($CXX)"
+SANITIZE="-fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=all -fno-omit-frame-pointer -g"
+(
+  cd "$ROOT"
+  # CFLAGS reach C++ compiles on older setuptools, CXXFLAGS on newer ones; both are harmless.
+  # --force: objects of an earlier build in a reused SANITIZER_WORK may have other flags.
+  CC="$CXX" CXX="$CXX" CFLAGS="$SANITIZE" CXXFLAGS="$SANITIZE" \
+    LDFLAGS="-fsanitize=address,undefined,float-cast-overflow" \
+    "$PYTHON" setup.py -q build_ext --force --build-lib "$WORK/lib" --build-temp "$WORK/obj"
+)
+LIBRARY=$(ls "$WORK"/lib/tf_metal_ops/_tf_metal_ops*.so)
+# (grep reads all of nm's output: with pipefail, grep -q's early exit would fail the pipe)
+if [ "$(nm -D --undefined-only "$LIBRARY" | grep -c "__asan_report")" -eq 0 ]; then
+  echo "$LIBRARY is not instrumented (the compiler flags did not reach the build)" >&2
+  exit 2
+fi
+
+step "a package copy next to the sanitized library"
+rm -rf "$WORK/pkg"
+mkdir -p "$WORK/pkg"
+cp -r "$ROOT/tf_metal_ops" "$WORK/pkg/"
+find "$WORK/pkg" \( -name "_tf_metal_ops*.so" -o -name "*.dylib" -o -name "__pycache__" \) -prune -exec rm -rf {} +
+cp "$LIBRARY" "$WORK/pkg/tf_metal_ops/"
+
+# libstdc++ is preloaded too: Python is a C program, so without it ASan's __cxa_throw
+# interceptor finds no real __cxa_throw at start-up and the first C++ exception (TensorFlow
+# throws them inside tf.function tracing) aborts with "CHECK failed ... real___cxa_throw".
+STDCXX=$("$CXX" -print-file-name=libstdc++.so)
+export LD_PRELOAD="$ASAN_RUNTIME $STDCXX"
+export ASAN_OPTIONS="detect_leaks=0:halt_on_error=1:abort_on_error=1:print_summary=1"
+export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
+export PYTHONPATH="$WORK/pkg${PYTHONPATH:+:$PYTHONPATH}"
+export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}
+cd "$WORK"
+
+step "checking that the sanitized library is the one loaded"
+"$PYTHON" - "$WORK/pkg" <<'EOF'
+import ctypes
+import sys
+from pathlib import Path
+
+import tf_metal_ops
+from tf_metal_ops import _native
+
+_native.load()
+loaded = Path(_native.library_path()).resolve()
+assert loaded.is_relative_to(Path(sys.argv[1]).resolve()), f"loaded {loaded}, not the sanitized copy"
+ctypes.CDLL(None).__asan_init  # the preloaded runtime is live in this process
+print("sanitized library:", loaded)
+EOF
+
+step "op tests under ASan + UBSan: $SANITIZER_TESTS"
+tests=()
+for t in $SANITIZER_TESTS; do tests+=("$ROOT/$t"); done
+"$PYTHON" -m pytest -p no:cacheprovider -q -ra "${tests[@]}" \
+  -k "not memory_stays_flat and not error_path_leaks" "$@"
+step "done"

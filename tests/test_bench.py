@@ -1,0 +1,98 @@
+"""The CPU benchmark (tf_metal_ops/bench.py): it runs and reports the documented schema.
+
+Nothing here asserts a timing: on a shared CI machine speed proves nothing. What is checked is
+that every case, ratio and memory figure is present and sane, and that the memory floor's
+native passes compute what they claim (so the floor is real traffic, not an empty loop).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tf_metal_ops import bench
+
+
+@pytest.fixture(scope="module")
+def quick_report() -> dict:
+    completed = subprocess.run(
+        [sys.executable, "-m", "tf_metal_ops.bench", "--quick", "--json", "--memory"],
+        capture_output=True, text=True, timeout=600, check=False)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    return json.loads(completed.stdout)
+
+
+def test_bench_quick_json_schema(quick_report):
+    assert quick_report["schema"] == bench.SCHEMA
+    env = quick_report["environment"]
+    assert env["cpu_kernel_isa"] in ("avx2", "portable")
+    assert env["cpu_threads"] >= 1
+    assert quick_report["settings"]["quick"] is True
+    case_names = [name for name, _ in bench.CASES]
+    assert set(quick_report["settings"]["cases"]) == set(case_names)
+    sizes = [(s["rows"], s["classes"]) for s in quick_report["sizes"]]
+    assert sizes == [tuple(size) for size in bench.QUICK_SIZES]
+    for size in quick_report["sizes"]:
+        assert size["dtype"] == "float32"
+        assert size["repeats"] >= 1
+        assert set(size["median_ms"]) == set(case_names)
+        for name in case_names:
+            assert math.isfinite(size["median_ms"][name]) and size["median_ms"][name] > 0
+            assert 0 < size["min_ms"][name] <= size["median_ms"][name]
+        assert set(size["ratios"]) == {name for name, _, _ in bench.RATIOS}
+        for name, numerator, denominator in bench.RATIOS:
+            expected = size["median_ms"][numerator] / size["median_ms"][denominator]
+            assert size["ratios"][name] == pytest.approx(expected)
+        assert size["floor_bytes"] == 12 * size["rows"] * size["classes"]
+        assert size["floor_gb_per_s"] > 0
+
+
+def test_bench_quick_memory_report(quick_report):
+    memory = quick_report["memory"]
+    rows, cols = bench.QUICK_MEMORY_SIZE
+    assert (memory["rows"], memory["classes"]) == (rows, cols)
+    assert memory["gradient_bytes"] == 4 * rows * cols
+    assert memory["errors"] == {}
+    assert set(memory["extra_bytes"]) == set(bench.MEMORY_CASES)
+    for case in bench.MEMORY_CASES:
+        assert memory["extra_bytes"][case] >= 0
+        assert memory["extra_over_gradient"][case] == pytest.approx(
+            memory["extra_bytes"][case] / memory["gradient_bytes"])
+    assert isinstance(memory["method"], str) and memory["method"]
+
+
+def test_bench_table_names_every_case(quick_report):
+    table = bench.format_table(quick_report)
+    for name, _ in bench.CASES:
+        assert name in table
+    for name, _, _ in bench.RATIOS:
+        assert name in table
+
+
+@pytest.mark.parametrize("argv", [["--sizes", "10by3"], ["--sizes", "0x5"], ["--repeats", "0"],
+                                  ["--threads", "-1"], ["--no-such-flag"]])
+def test_bench_usage_errors_exit_2(argv, capsys):
+    assert bench.main(argv) == 2
+    assert "usage" in capsys.readouterr().err
+
+
+def test_memory_floor_passes_do_the_traffic_they_claim():
+    from tf_metal_ops import _native
+
+    runtime = _native.runtime()
+    rng = np.random.default_rng(5)
+    src = rng.standard_normal((300, 257)).astype(np.float32)
+    total = runtime.memory_floor_pass(src)
+    assert total == pytest.approx(float(src.sum(dtype=np.float64)), rel=1e-4, abs=1e-2)
+    dst = np.full_like(src, np.nan)
+    runtime.memory_floor_pass(src, dst)
+    np.testing.assert_array_equal(dst, 0.5 * src)
+    with pytest.raises(ValueError, match="dst"):
+        runtime.memory_floor_pass(src, np.zeros((300, 257), np.float64))
+    with pytest.raises(ValueError, match="dst"):
+        runtime.memory_floor_pass(src, np.zeros((300, 256), np.float32))

@@ -1,0 +1,125 @@
+"""The CPU kernels' own paths: both instruction-set variants, row tails, and the gradient written
+over the logits' buffer.
+
+test_custom_loss_op.py checks the op against the reference in depth on whatever variant this
+CPU selects. Here, the same comparison runs on the other variant too (TF_METAL_OPS_CPU_ISA=
+portable forces the SSE2/NEON one, in a subprocess since the choice is made once per process),
+over class counts around the vector widths (4 and 8 lanes), and with logits that are an
+intermediate of the step, which lets TensorFlow hand their buffer to the gradient (in place).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_metal_ops
+from tf_metal_ops import reference as ref
+
+# (rtol, atol) against the float64 reference on the dtype-rounded inputs.
+TOLERANCES = {tf.float32: (2e-5, 2e-5), tf.float16: (2e-3, 2e-3), tf.bfloat16: (1.6e-2, 1.6e-2),
+              tf.float64: (1e-9, 1e-9)}
+CLASS_COUNTS = [1, 3, 4, 5, 7, 8, 9, 15, 16, 17, 24, 100]
+SETTINGS = [(0.0, 0.0), (0.0, 0.1), (2.0, 0.1), (0.5, 0.0), (3.7, 1.0)]
+
+
+def _logits(rows: int, classes: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    z = rng.standard_normal((rows, classes)) * 5
+    z[0, :] = 0.0  # every class tied at the maximum
+    if classes > 1:
+        z[1, 0] = 60.0  # a confident row: p_0 rounds to 1 in float32
+        z[2, -1] = -np.inf  # a masked class
+    return z
+
+
+def _check(dtype, classes: int, gamma: float, eps: float) -> None:
+    rows = 6
+    z64 = _logits(rows, classes, seed=classes)
+    labels = np.arange(rows) % classes
+    labels[2] = 0
+    z = tf.cast(tf.constant(z64), dtype)
+    zq = tf.cast(z, tf.float64).numpy()
+    upstream = np.linspace(0.5, 2.0, rows)
+    with tf.GradientTape() as tape:
+        tape.watch(z)
+        loss = tf_metal_ops.custom_loss(labels, z, gamma=gamma, label_smoothing=eps)
+    grad = tape.gradient(loss, z, output_gradients=tf.cast(upstream, dtype))
+    uq = tf.cast(tf.cast(upstream, dtype), tf.float64).numpy()
+    eps32 = float(np.float32(eps))
+    want_loss = ref.custom_loss(labels, zq, gamma=gamma, label_smoothing=eps32)
+    want_grad = ref.custom_loss_grad(labels, zq, gamma=gamma, label_smoothing=eps32, upstream=uq)
+    rtol, atol = TOLERANCES[dtype]
+    for got, want in ((loss, want_loss), (grad, want_grad)):
+        got = tf.cast(got, tf.float64).numpy()
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        np.testing.assert_array_equal(np.isposinf(got), np.isposinf(want))
+        finite = np.isfinite(want)
+        np.testing.assert_allclose(got[finite], want[finite], rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("classes", CLASS_COUNTS)
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float16, tf.bfloat16])
+def test_vector_tails_match_reference(dtype, classes):
+    for gamma, eps in SETTINGS:
+        _check(dtype, classes, gamma, eps)
+
+
+def test_portable_variant_matches_reference():
+    """Runs the tail test above in a process that uses the baseline (SSE2 / NEON) variant."""
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        import tensorflow as tf
+        from tf_metal_ops import _native
+        import test_cpu_kernels as t
+        assert _native.runtime().cpu_kernel_isa() == "portable"
+        for dtype in (tf.float32, tf.float16, tf.bfloat16):
+            for classes in t.CLASS_COUNTS:
+                for gamma, eps in t.SETTINGS:
+                    t._check(dtype, classes, gamma, eps)
+        print("ok")
+    """)
+    env = dict(os.environ, TF_METAL_OPS_CPU_ISA="portable", TF_CPP_MIN_LOG_LEVEL="3")
+    completed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                               env=env, timeout=600, check=False)
+    assert completed.returncode == 0 and completed.stdout.strip().endswith("ok"), (
+        completed.stderr[-3000:])
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float16, tf.bfloat16, tf.float64])
+@pytest.mark.parametrize("gamma,eps", SETTINGS)
+def test_gradient_over_intermediate_logits(dtype, gamma, eps):
+    """Logits made inside the step (as a model's last layer makes them) are read by the loss
+    and its gradient only, so the gradient may take over their buffer: the kernels must be
+    right in place. Checked through d loss / d W of z = h W."""
+    rng = np.random.default_rng(11)
+    h = rng.standard_normal((37, 16))
+    w = rng.standard_normal((16, 45))
+    labels = rng.integers(0, 45, 37)
+
+    @tf.function
+    def step(h_t, w_t):
+        with tf.GradientTape() as tape:
+            tape.watch(w_t)
+            z = tf.matmul(h_t, w_t)
+            loss = tf.reduce_sum(
+                tf_metal_ops.custom_loss(labels, z, gamma=gamma, label_smoothing=eps))
+        return tape.gradient(loss, w_t)
+
+    h_t, w_t = tf.cast(h, dtype), tf.cast(w, dtype)
+    grad_w = tf.cast(step(h_t, w_t), tf.float64).numpy()
+    z = tf.cast(tf.matmul(h_t, w_t), tf.float64).numpy()
+    grad_z = ref.custom_loss_grad(labels, z, gamma=gamma,
+                                  label_smoothing=float(np.float32(eps)))
+    want = tf.cast(h_t, tf.float64).numpy().T @ grad_z
+    rtol, atol = TOLERANCES[dtype]
+    scale = 1.0 + np.abs(want).max()
+    # The matmul's rounding in `dtype` adds to the kernel's; 20 x the kernel tolerance bounds it.
+    np.testing.assert_allclose(grad_w, want, rtol=0, atol=20 * max(rtol, atol) * scale)

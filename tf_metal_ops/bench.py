@@ -1,0 +1,552 @@
+"""`python -m tf_metal_ops bench`: CustomLoss on the CPU against the losses users write by hand.
+
+For each problem size (N rows x C classes, float32 logits, forward + backward under
+`tf.function`, the loss reduced to its mean as Keras does) it times
+
+    tf_sparse_ce    tf.nn.sparse_softmax_cross_entropy_with_logits   (TensorFlow's fused op)
+    keras_ce_ls     keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=0.1)
+    keras_focal     keras.losses.CategoricalFocalCrossentropy(from_logits=True, gamma=2,
+                    label_smoothing=0.1)
+    ours_ce         tf_metal_ops.CustomLoss()
+    ours_ce_ls      tf_metal_ops.CustomLoss(label_smoothing=0.1)
+    ours_focal      tf_metal_ops.CustomLoss(gamma=2, label_smoothing=0.1)
+    floor           the memory floor: read the logits twice and write a gradient once (12 bytes
+                    per element), on the same threads as our kernels (csrc/cpu/memory_floor.h),
+                    into a buffer allocated once
+    tf_floor        the same traffic as TensorFlow ops (reduce_sum(z) and z * 0.5), which also
+                    allocate a fresh N x C output each step as every loss here does
+
+interleaved (every repeat runs every case once, in a rotating order, so a busy moment on a
+shared machine hits all of them alike) and reports medians and the ratios the performance
+issue asks for: anchor / ours (how many times faster we are) and ours / floor (how far from what
+the memory system allows). With `--memory` (on by default outside `--quick`) it also measures
+the peak extra memory of one forward + backward step, ours against Keras's focal loss, each in
+a fresh subprocess: peak resident memory during the step minus resident memory just before it.
+
+Usage:
+    python -m tf_metal_ops bench [--quick] [--json] [--sizes 4096x1000,512x32000]
+                                 [--repeats R] [--threads T] [--memory | --no-memory]
+                                 [--memory-size 65536x1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from tf_metal_ops._arguments import non_negative_int, positive_int
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+SCHEMA = "tf_metal_ops.bench/1"
+DEFAULT_SIZES = ((4096, 1000), (65536, 1000), (512, 32000), (65536, 10), (8, 262144))
+QUICK_SIZES = ((64, 10), (16, 1000))
+DEFAULT_MEMORY_SIZE = (65536, 1000)
+QUICK_MEMORY_SIZE = (256, 100)
+LABEL_SMOOTHING = 0.1
+GAMMA = 2.0
+
+# (case, what it is). Anchors first, then ours, then the floor.
+CASES = (
+    ("tf_sparse_ce", "tf.nn.sparse_softmax_cross_entropy_with_logits"),
+    ("keras_ce_ls", "keras CategoricalCrossentropy(from_logits, label_smoothing=0.1)"),
+    ("keras_focal", "keras CategoricalFocalCrossentropy(from_logits, gamma=2, ls=0.1)"),
+    ("ours_ce", "tf_metal_ops.CustomLoss()"),
+    ("ours_ce_ls", "tf_metal_ops.CustomLoss(label_smoothing=0.1)"),
+    ("ours_focal", "tf_metal_ops.CustomLoss(gamma=2, label_smoothing=0.1)"),
+    ("floor", "memory floor: read logits twice + write gradient once (12 B/element)"),
+    ("tf_floor", "the same 12 B/element as TensorFlow ops (reduce_sum(z), z * 0.5) under "
+                 "tf.function: adds what allocating a fresh N x C output costs"),
+)
+# (ratio name, numerator case, denominator case): speed-ups of ours and distances to the floor.
+RATIOS = (
+    ("tf_sparse_ce / ours_ce", "tf_sparse_ce", "ours_ce"),
+    ("keras_ce_ls / ours_ce_ls", "keras_ce_ls", "ours_ce_ls"),
+    ("keras_focal / ours_focal", "keras_focal", "ours_focal"),
+    ("ours_ce / floor", "ours_ce", "floor"),
+    ("ours_focal / floor", "ours_focal", "floor"),
+    ("ours_ce / tf_floor", "ours_ce", "tf_floor"),
+    ("ours_focal / tf_floor", "ours_focal", "tf_floor"),
+)
+MEMORY_CASES = ("ours_focal", "keras_focal")
+
+
+# ---------------------------------------------------------------------------------------------
+# Arguments
+
+
+def _size(text: str) -> Tuple[int, int]:
+    try:
+        rows, cols = (int(part) for part in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected NxC such as 4096x1000, got {text!r}") from None
+    if rows < 1 or cols < 1:
+        raise argparse.ArgumentTypeError(f"N and C must be >= 1, got {text!r}")
+    return rows, cols
+
+
+def _sizes(text: str) -> List[Tuple[int, int]]:
+    parts = [p for p in text.split(",") if p.strip()]
+    if not parts:
+        raise argparse.ArgumentTypeError("expected one or more NxC sizes, comma separated")
+    return [_size(p.strip()) for p in parts]
+
+
+def build_parser(prog: str = "tf-metal-ops bench", add_help: bool = True) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        add_help=add_help,
+        description="Time CustomLoss (forward + backward, CPU) against TensorFlow's and Keras's "
+        "losses and the machine's memory floor; report medians of interleaved runs and ratios.",
+    )
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny sizes and few repeats (CI: proves the benchmark runs)")
+    parser.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    parser.add_argument("--sizes", type=_sizes, default=None,
+                        help="comma-separated NxC sizes (default: "
+                        + ",".join(f"{n}x{c}" for n, c in DEFAULT_SIZES) + ")")
+    parser.add_argument("--repeats", type=positive_int, default=None,
+                        help="timed runs per case and size (default: by size, 3 to 15)")
+    parser.add_argument("--threads", type=non_negative_int, default=None,
+                        help="thread cap of our CPU kernels (tf_metal_ops.set_cpu_threads; "
+                        "0: all cores); default: leave as is")
+    memory = parser.add_mutually_exclusive_group()
+    memory.add_argument("--memory", dest="memory", action="store_true", default=None,
+                        help="measure peak extra memory of one step (default: on unless --quick)")
+    memory.add_argument("--no-memory", dest="memory", action="store_false")
+    parser.add_argument("--memory-size", type=_size, default=None,
+                        help="NxC of the memory measurement (default 65536x1000; 256x100 with "
+                        "--quick)")
+    return parser
+
+
+# ---------------------------------------------------------------------------------------------
+# The cases
+
+
+def _repeats_for(rows: int, cols: int, quick: bool) -> int:
+    if quick:
+        return 3
+    # About 1e8 elements per case in total, between 3 and 15 runs.
+    return max(3, min(15, int(1e8 // max(rows * cols, 1))))
+
+
+def _make_inputs(rows: int, cols: int, seed: int = 0):
+    import numpy as np
+    import tensorflow as tf
+
+    rng = np.random.default_rng(seed)
+    logits_np = rng.standard_normal((rows, cols), dtype=np.float32)
+    labels_np = rng.integers(0, cols, rows).astype(np.int32)
+    logits = tf.constant(logits_np)
+    labels = tf.constant(labels_np)
+    return logits_np, logits, labels
+
+
+def _loss_fns(labels, cols: int, needed: Sequence[str]) -> Dict[str, Callable]:
+    """Per case, logits -> scalar loss (mean over the batch, as Keras reduces)."""
+    import keras
+    import tensorflow as tf
+
+    import tf_metal_ops
+
+    one_hot = None
+    if any(name.startswith("keras") for name in needed):
+        one_hot = tf.one_hot(labels, cols, dtype=tf.float32)  # Keras's categorical losses need it
+    fns: Dict[str, Callable] = {}
+    for name in needed:
+        if name == "tf_sparse_ce":
+            fns[name] = lambda z: tf.reduce_mean(
+                tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=z))
+        elif name == "keras_ce_ls":
+            loss = keras.losses.CategoricalCrossentropy(from_logits=True,
+                                                        label_smoothing=LABEL_SMOOTHING)
+            fns[name] = lambda z, loss=loss: loss(one_hot, z)
+        elif name == "keras_focal":
+            loss = keras.losses.CategoricalFocalCrossentropy(
+                from_logits=True, gamma=GAMMA, label_smoothing=LABEL_SMOOTHING)
+            fns[name] = lambda z, loss=loss: loss(one_hot, z)
+        elif name == "ours_ce":
+            loss = tf_metal_ops.CustomLoss()
+            fns[name] = lambda z, loss=loss: loss(labels, z)
+        elif name == "ours_ce_ls":
+            loss = tf_metal_ops.CustomLoss(label_smoothing=LABEL_SMOOTHING)
+            fns[name] = lambda z, loss=loss: loss(labels, z)
+        elif name == "ours_focal":
+            loss = tf_metal_ops.CustomLoss(gamma=GAMMA, label_smoothing=LABEL_SMOOTHING)
+            fns[name] = lambda z, loss=loss: loss(labels, z)
+        else:
+            raise ValueError(f"unknown case {name!r}")
+    return fns
+
+
+def _step(loss_fn: Callable) -> Callable:
+    """A tf.function computing the loss and d loss / d logits: one training step's loss work."""
+    import tensorflow as tf
+
+    @tf.function(jit_compile=False, reduce_retracing=False)
+    def step(z):
+        with tf.GradientTape() as tape:
+            tape.watch(z)
+            loss = loss_fn(z)
+        return loss, tape.gradient(loss, z)
+
+    return step
+
+
+def _floor_step(logits_np) -> Callable:
+    """The memory floor's passes: a read (as the forward op) and a read + write (as the
+    gradient op), into a gradient buffer allocated once."""
+    import numpy as np
+
+    from tf_metal_ops import _native
+
+    runtime = _native.runtime()
+    grad = np.empty_like(logits_np)
+
+    def run() -> None:
+        runtime.memory_floor_pass(logits_np)
+        runtime.memory_floor_pass(logits_np, grad)
+
+    return run
+
+
+def _tf_floor_step(logits) -> Callable:
+    """12 bytes per element through TensorFlow's own kernels and allocator: a reduction (the
+    forward's read) and a scaled copy into a newly allocated tensor (the gradient's read and
+    write). Every loss above also allocates its N x C gradient on each step, which on some
+    systems (page faults on fresh memory) costs more than the traffic itself."""
+    import tensorflow as tf
+
+    @tf.function
+    def step(z):
+        return tf.reduce_sum(z), z * 0.5
+
+    def run() -> None:
+        total, scaled = step(logits)
+        total.numpy()
+        del scaled
+
+    return run
+
+
+class _Progress:
+    """A one-line progress bar on stderr (a plain line per size when stderr is not a terminal)."""
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.total = max(total, 1)
+        self.done = 0
+        self.enabled = enabled
+        self.tty = enabled and sys.stderr.isatty()
+
+    def step(self, label: str) -> None:
+        self.done += 1
+        if self.tty:
+            width = 30
+            filled = int(width * self.done / self.total)
+            sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] "
+                             f"{self.done}/{self.total} {label:<40.40}")
+            sys.stderr.flush()
+
+    def note(self, text: str) -> None:
+        if not self.enabled:
+            return
+        if self.tty:
+            sys.stderr.write("\r" + " " * 80 + "\r")
+        sys.stderr.write(text + "\n")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.tty:
+            sys.stderr.write("\r" + " " * 80 + "\r")
+            sys.stderr.flush()
+
+
+def time_size(rows: int, cols: int, repeats: int, progress: _Progress,
+              cases: Sequence[str] = tuple(name for name, _ in CASES)) -> Dict[str, Any]:
+    """Times every case at one size, interleaved; returns medians (ms) and ratios."""
+    logits_np, logits, labels = _make_inputs(rows, cols)
+    fns = _loss_fns(labels, cols, [c for c in cases if c not in ("floor", "tf_floor")])
+    runners: Dict[str, Callable[[], None]] = {}
+    for name, fn in fns.items():
+        step = _step(fn)
+
+        def run(step=step) -> None:
+            loss, grad = step(logits)
+            loss.numpy()  # the step has finished; the gradient is materialized
+            del grad
+
+        runners[name] = run
+    if "floor" in cases:
+        runners["floor"] = _floor_step(logits_np)
+    if "tf_floor" in cases:
+        runners["tf_floor"] = _tf_floor_step(logits)
+
+    names = list(runners)
+    for name in names:  # trace and warm up outside the timing
+        runners[name]()
+        progress.step(f"{rows}x{cols} warm-up {name}")
+    times: Dict[str, List[float]] = {name: [] for name in names}
+    for repeat in range(repeats):
+        shift = repeat % len(names)
+        for name in names[shift:] + names[:shift]:
+            start = time.perf_counter()
+            runners[name]()
+            times[name].append(time.perf_counter() - start)
+            progress.step(f"{rows}x{cols} {name}")
+    medians = {name: 1e3 * statistics.median(values) for name, values in times.items()}
+    ratios = {}
+    for ratio, numerator, denominator in RATIOS:
+        if numerator in medians and denominator in medians and medians[denominator] > 0:
+            ratios[ratio] = medians[numerator] / medians[denominator]
+    floor_bytes = 12 * rows * cols
+    result = {
+        "rows": rows,
+        "classes": cols,
+        "dtype": "float32",
+        "repeats": repeats,
+        "median_ms": medians,
+        "min_ms": {name: 1e3 * min(values) for name, values in times.items()},
+        "ratios": ratios,
+        "floor_bytes": floor_bytes,
+        "floor_gb_per_s": (floor_bytes / (medians["floor"] * 1e-3) / 1e9
+                           if medians.get("floor") else None),
+    }
+    del runners, fns, logits, labels, logits_np
+    gc.collect()
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# Peak extra memory of one step, in a subprocess per case
+
+_MEMORY_CHILD_FLAG = "--_memory-child"
+
+
+def _status_kib(field: str) -> Optional[int]:
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def _reset_peak_rss() -> bool:
+    """Linux: writing 5 to clear_refs resets the peak resident size (VmHWM) to the current."""
+    try:
+        with open("/proc/self/clear_refs", "w") as clear_refs:
+            clear_refs.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _memory_child(case: str, rows: int, cols: int) -> Dict[str, Any]:
+    """Runs in a fresh process: one warm-up step, then measures a second step's peak."""
+    import resource
+
+    logits_np, logits, labels = _make_inputs(rows, cols)
+    step = _step(_loss_fns(labels, cols, [case])[case])
+    loss, grad = step(logits)  # traces, and lets allocators reach their steady state
+    loss.numpy()
+    del loss, grad
+    gc.collect()
+    if _reset_peak_rss():
+        method = "VmHWM after clear_refs minus VmRSS before the step"
+        before = _status_kib("VmRSS")
+        loss, grad = step(logits)
+        loss.numpy()
+        peak = _status_kib("VmHWM")
+    else:  # no /proc: ru_maxrss includes the warm-up step, so this is an upper bound
+        method = "ru_maxrss minus resident size before the warm-up (upper bound)"
+        before = None
+        loss, grad = step(logits)
+        loss.numpy()
+        peak = None
+    if before is None or peak is None:
+        usage = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        peak = usage // 1024 if sys.platform == "darwin" else usage  # bytes on macOS
+        before = 0
+    return {"case": case, "extra_bytes": 1024 * (peak - before), "method": method}
+
+
+def measure_memory(rows: int, cols: int, progress: _Progress) -> Dict[str, Any]:
+    """Peak extra memory of a forward + backward step, ours against Keras's focal loss."""
+    result: Dict[str, Any] = {
+        "rows": rows,
+        "classes": cols,
+        "gradient_bytes": 4 * rows * cols,
+        "extra_bytes": {},
+        "extra_over_gradient": {},
+        "method": None,
+        "errors": {},
+    }
+    for case in MEMORY_CASES:
+        command = [sys.executable, "-m", "tf_metal_ops.bench", _MEMORY_CHILD_FLAG, case,
+                   f"{rows}x{cols}"]
+        completed = subprocess.run(command, capture_output=True, text=True, check=False)
+        progress.step(f"memory {case}")
+        lines = [l for l in completed.stdout.splitlines() if l.startswith("{")]
+        if completed.returncode != 0 or not lines:
+            result["errors"][case] = (completed.stderr.strip().splitlines() or ["no output"])[-1]
+            continue
+        child = json.loads(lines[-1])
+        result["extra_bytes"][case] = child["extra_bytes"]
+        result["extra_over_gradient"][case] = child["extra_bytes"] / result["gradient_bytes"]
+        result["method"] = child["method"]
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# Report
+
+
+def environment() -> Dict[str, Any]:
+    import tensorflow as tf
+
+    import tf_metal_ops
+    from tf_metal_ops import _native
+
+    runtime = _native.runtime()
+    return {
+        "tf_metal_ops": getattr(tf_metal_ops, "__version__", "unknown"),
+        "tensorflow": tf.__version__,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "system": platform.system(),
+        "cpu_count": os.cpu_count(),
+        "cpu_kernel_isa": runtime.cpu_kernel_isa(),
+        "cpu_threads": int(runtime.get_cpu_threads()),
+        "tf_intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
+        "tf_inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads(),
+    }
+
+
+def format_table(report: Dict[str, Any]) -> str:
+    env = report["environment"]
+    lines = [
+        f"tf_metal_ops bench: TensorFlow {env['tensorflow']}, {env['machine']}, "
+        f"{env['cpu_count']} CPUs, our kernels: {env['cpu_kernel_isa']} x "
+        f"{env['cpu_threads']} threads; float32, forward + backward under tf.function, "
+        "medians of interleaved runs (ms)",
+        "",
+    ]
+    for name, description in CASES:
+        lines.append(f"  {name:<13} {description}")
+    lines.append("")
+    sizes = report["sizes"]
+    labels = [f"{size['rows']}x{size['classes']}" for size in sizes]
+    lines.append(f"{'median ms':<26}" + "".join(f"{label:>14}" for label in labels))
+    for name, _ in CASES:
+        lines.append(f"{name:<26}" + "".join(
+            f"{size['median_ms'][name]:14.2f}" if name in size["median_ms"] else f"{'-':>14}"
+            for size in sizes))
+    lines.append("")
+    lines.append(f"{'ratio':<26}" + "".join(f"{label:>14}" for label in labels))
+    for name, _, _ in RATIOS:
+        lines.append(f"{name:<26}" + "".join(
+            f"{size['ratios'][name]:13.2f}x" if name in size["ratios"] else f"{'-':>14}"
+            for size in sizes))
+    lines.append("  (anchor / ours: how many times faster ours is; ours / floor: 1.00 would be "
+                 "the memory floor)")
+    memory = report.get("memory")
+    if memory:
+        lines.append("")
+        lines.append(f"peak extra memory of one step at {memory['rows']}x{memory['classes']} "
+                     f"(the gradient alone is {memory['gradient_bytes'] / 2**20:.1f} MiB):")
+        for case in MEMORY_CASES:
+            if case in memory["extra_bytes"]:
+                lines.append(f"  {case:<12} {memory['extra_bytes'][case] / 2**20:10.1f} MiB "
+                             f"= {memory['extra_over_gradient'][case]:.2f} x gradient")
+            else:
+                lines.append(f"  {case:<12} failed: {memory['errors'].get(case)}")
+        if memory.get("method"):
+            lines.append(f"  ({memory['method']})")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> Dict[str, Any]:
+    import tf_metal_ops
+
+    if args.threads is not None:
+        tf_metal_ops.set_cpu_threads(args.threads)
+    sizes = args.sizes or list(QUICK_SIZES if args.quick else DEFAULT_SIZES)
+    do_memory = (not args.quick) if args.memory is None else args.memory
+    memory_size = args.memory_size or (QUICK_MEMORY_SIZE if args.quick else DEFAULT_MEMORY_SIZE)
+    plan = [(rows, cols, args.repeats or _repeats_for(rows, cols, args.quick))
+            for rows, cols in sizes]
+    total = sum(len(CASES) * (repeats + 1) for _, _, repeats in plan)
+    total += len(MEMORY_CASES) if do_memory else 0
+    progress = _Progress(total, enabled=True)
+    # Every case is a new tf.function by design; TensorFlow's "retracing" warning would be noise.
+    import tensorflow as tf
+
+    logger = tf.get_logger()
+    previous_level = logger.level
+    logger.setLevel("ERROR")
+    try:
+        return _run_plan(args, plan, do_memory, memory_size, progress)
+    finally:
+        logger.setLevel(previous_level)
+
+
+def _run_plan(args: argparse.Namespace, plan, do_memory: bool, memory_size: Tuple[int, int],
+              progress: _Progress) -> Dict[str, Any]:
+    report: Dict[str, Any] = {
+        "schema": SCHEMA,
+        "environment": environment(),
+        "settings": {"quick": bool(args.quick), "gamma": GAMMA,
+                     "label_smoothing": LABEL_SMOOTHING,
+                     "cases": {name: description for name, description in CASES}},
+        "sizes": [],
+        "memory": None,
+    }
+    for rows, cols, repeats in plan:
+        result = time_size(rows, cols, repeats, progress)
+        report["sizes"].append(result)
+        progress.note(f"{rows}x{cols}: " + ", ".join(
+            f"{name} {ms:.2f} ms" for name, ms in result["median_ms"].items()))
+    if do_memory:
+        report["memory"] = measure_memory(*memory_size, progress)
+    progress.close()
+    return report
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Runs the benchmark; returns the exit code (0, or 2 for a usage error)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == [_MEMORY_CHILD_FLAG]:
+        rows, cols = _size(argv[2])
+        print(json.dumps(_memory_child(argv[1], rows, cols)))
+        return 0
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:
+        return int(exit_.code or 0)
+    return run_and_print(args)
+
+
+def run_and_print(args: argparse.Namespace) -> int:
+    """Runs the benchmark for parsed arguments and prints the table (or JSON)."""
+    report = run(args)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(format_table(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
