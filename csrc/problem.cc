@@ -1,6 +1,7 @@
 #include "csrc/problem.h"
 
 #include <cmath>
+#include <memory>
 #include <sstream>
 
 namespace tf_metal_ops {
@@ -96,6 +97,25 @@ Error ReadAttrs(TF_OpKernelConstruction* ctx, Direction direction, CustomLossAtt
   }
   return Error::Ok();
 }
+
+namespace {
+void* CreateKernel(TF_OpKernelConstruction* ctx, Direction direction) {
+  auto attrs = std::make_unique<CustomLossAttrs>();
+  if (Error e = ReadAttrs(ctx, direction, attrs.get()); !e.ok()) {
+    FailConstruction(ctx, e);
+    return nullptr;
+  }
+  return attrs.release();
+}
+}  // namespace
+
+void* CreateForwardKernel(TF_OpKernelConstruction* ctx) {
+  return CreateKernel(ctx, Direction::kForward);
+}
+void* CreateGradientKernel(TF_OpKernelConstruction* ctx) {
+  return CreateKernel(ctx, Direction::kGradient);
+}
+void DeleteKernel(void* kernel) { delete static_cast<CustomLossAttrs*>(kernel); }
 
 Error DescribeProblem(TF_OpKernelContext* ctx, const CustomLossAttrs& attrs,
                       CustomLossInputs* inputs, CustomLossProblem* problem) {

@@ -59,6 +59,14 @@ struct CustomLossInputs {
 // dtype matches the logits dtype when labels are dense). Called from every backend's create.
 Error ReadAttrs(TF_OpKernelConstruction* ctx, Direction direction, CustomLossAttrs* attrs);
 
+// The state every backend's kernel keeps between calls is its attributes, read once when
+// TensorFlow constructs the kernel. These are the create and delete functions of
+// TF_NewKernelBuilder for every backend; Compute receives a CustomLossAttrs*. On bad attributes
+// create reports the failure and returns null (TensorFlow then never calls Compute).
+void* CreateForwardKernel(TF_OpKernelConstruction* ctx);
+void* CreateGradientKernel(TF_OpKernelConstruction* ctx);
+void DeleteKernel(void* kernel);
+
 // Fetches the inputs and checks their shapes against each other and their dtypes against the
 // attributes; fills `problem`. Does not read tensor values, so it works on GPU tensors too.
 Error DescribeProblem(TF_OpKernelContext* ctx, const CustomLossAttrs& attrs,

@@ -138,10 +138,6 @@ int64_t ReadLabel(const void* labels, int64_t row) {
   return static_cast<int64_t>(static_cast<const Label*>(labels)[row]);
 }
 
-struct CpuKernel {
-  CustomLossAttrs attrs;
-};
-
 // Checks every value the CPU can see before any arithmetic: a bad label or class weight is an
 // error for the whole batch, and the first one (lowest index) is reported.
 Error CheckValues(const CustomLossProblem& problem, const CustomLossInputs& inputs) {
@@ -311,23 +307,11 @@ void ComputeTyped(const CustomLossProblem& problem, const CustomLossInputs& inpu
   }
 }
 
-void* Create(TF_OpKernelConstruction* ctx, Direction direction) {
-  auto kernel = std::make_unique<CpuKernel>();
-  if (Error e = ReadAttrs(ctx, direction, &kernel->attrs); !e.ok()) {
-    FailConstruction(ctx, e);
-    return nullptr;
-  }
-  return kernel.release();
-}
-void* CreateForward(TF_OpKernelConstruction* ctx) { return Create(ctx, Direction::kForward); }
-void* CreateGradient(TF_OpKernelConstruction* ctx) { return Create(ctx, Direction::kGradient); }
-void Delete(void* kernel) { delete static_cast<CpuKernel*>(kernel); }
-
 void Compute(void* kernel, TF_OpKernelContext* ctx) {
-  const CpuKernel& self = *static_cast<CpuKernel*>(kernel);
+  const CustomLossAttrs& attrs = *static_cast<const CustomLossAttrs*>(kernel);
   CustomLossInputs inputs;
   CustomLossProblem problem;
-  if (Error e = DescribeProblem(ctx, self.attrs, &inputs, &problem); !e.ok()) {
+  if (Error e = DescribeProblem(ctx, attrs, &inputs, &problem); !e.ok()) {
     return FailKernel(ctx, e);
   }
   if (Error e = CheckValues(problem, inputs); !e.ok()) return FailKernel(ctx, e);
@@ -362,7 +346,7 @@ void Compute(void* kernel, TF_OpKernelContext* ctx) {
 
 void RegisterKernel(const char* op_name, void* (*create)(TF_OpKernelConstruction*)) {
   StatusPtr status = NewStatus();
-  TF_KernelBuilder* builder = TF_NewKernelBuilder(op_name, "CPU", create, &Compute, &Delete);
+  TF_KernelBuilder* builder = TF_NewKernelBuilder(op_name, "CPU", create, &Compute, &DeleteKernel);
   TF_RegisterKernelBuilder((std::string(op_name) + "_CPU").c_str(), builder, status.get());
   if (TF_GetCode(status.get()) != TF_OK) {
     std::fprintf(stderr, "tf_metal_ops: registering the CPU kernel of %s failed: %s\n", op_name,
@@ -370,8 +354,8 @@ void RegisterKernel(const char* op_name, void* (*create)(TF_OpKernelConstruction
   }
 }
 
-const bool cpu_kernels_registered = (RegisterKernel(kForwardOpName, &CreateForward),
-                                     RegisterKernel(kGradientOpName, &CreateGradient), true);
+const bool cpu_kernels_registered = (RegisterKernel(kForwardOpName, &CreateForwardKernel),
+                                     RegisterKernel(kGradientOpName, &CreateGradientKernel), true);
 
 }  // namespace
 

@@ -44,10 +44,6 @@ static_assert(static_cast<int>(Direction::kForward) == static_cast<int>(gpu::Dir
                       static_cast<int>(gpu::Direction::kGradient),
               "Direction of problem.h and launch_plan.h differ");
 
-struct MetalKernel {
-  CustomLossAttrs attrs;
-};
-
 // The Metal buffers behind the op's tensors. On a tensorflow-metal device TF_TensorData is an
 // id<MTLBuffer> handle (private storage, the tensor starting at offset 0), not a host pointer.
 // __bridge: borrowed for this Compute call; the TensorPtr owners in CustomLossInputs keep the
@@ -320,10 +316,10 @@ Error BadLabelFromRecord(const CustomLossProblem& problem, const CustomLossError
   return BadLabelError(problem, claimed_row, claimed_label);
 }
 
-void ComputeOnGpu(const MetalKernel& self, TF_OpKernelContext* ctx) {
+void ComputeOnGpu(const CustomLossAttrs& attrs, TF_OpKernelContext* ctx) {
   CustomLossInputs inputs;
   CustomLossProblem problem;
-  if (Error e = DescribeProblem(ctx, self.attrs, &inputs, &problem); !e.ok()) {
+  if (Error e = DescribeProblem(ctx, attrs, &inputs, &problem); !e.ok()) {
     return FailKernel(ctx, e);
   }
   TensorPtr out;
@@ -386,21 +382,9 @@ void ComputeOnGpu(const MetalKernel& self, TF_OpKernelContext* ctx) {
   }
 }
 
-void* Create(TF_OpKernelConstruction* ctx, Direction direction) {
-  auto kernel = std::make_unique<MetalKernel>();
-  if (Error e = ReadAttrs(ctx, direction, &kernel->attrs); !e.ok()) {
-    FailConstruction(ctx, e);
-    return nullptr;
-  }
-  return kernel.release();
-}
-void* CreateForward(TF_OpKernelConstruction* ctx) { return Create(ctx, Direction::kForward); }
-void* CreateGradient(TF_OpKernelConstruction* ctx) { return Create(ctx, Direction::kGradient); }
-void Delete(void* kernel) { delete static_cast<MetalKernel*>(kernel); }
-
 void Compute(void* kernel, TF_OpKernelContext* ctx) {
   @autoreleasepool {
-    ComputeOnGpu(*static_cast<const MetalKernel*>(kernel), ctx);
+    ComputeOnGpu(*static_cast<const CustomLossAttrs*>(kernel), ctx);
   }
 }
 
@@ -426,7 +410,7 @@ struct GpuDtype {
 void RegisterGpuKernel(const char* op_name, void* (*create)(TF_OpKernelConstruction*),
                        const GpuDtype& type) {
   StatusPtr status = NewStatus();
-  TF_KernelBuilder* builder = TF_NewKernelBuilder(op_name, "GPU", create, &Compute, &Delete);
+  TF_KernelBuilder* builder = TF_NewKernelBuilder(op_name, "GPU", create, &Compute, &DeleteKernel);
   // One registration per logits dtype: TensorFlow then places other dtypes (float64) on the CPU.
   // Tlabels is left free: int32, int64 and dense labels all have kernels.
   TF_KernelBuilder_TypeConstraint(builder, "T", type.dtype, status.get());
@@ -453,8 +437,8 @@ bool RegisterGpuKernels() {
   // failing on the GPU.
   if (@available(macOS 14.0, *)) dtypes.push_back({TF_BFLOAT16, "bfloat16"});
   for (const GpuDtype& type : dtypes) {
-    RegisterGpuKernel(kForwardOpName, &CreateForward, type);
-    RegisterGpuKernel(kGradientOpName, &CreateGradient, type);
+    RegisterGpuKernel(kForwardOpName, &CreateForwardKernel, type);
+    RegisterGpuKernel(kGradientOpName, &CreateGradientKernel, type);
     std::lock_guard<std::mutex> lock(RegistrationMutex());
     RegisteredDtypes().push_back(type.name);
   }
