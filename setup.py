@@ -30,8 +30,16 @@ IS_MACOS = sys.platform == "darwin"
 # it would without them.
 BUILD_METAL = IS_MACOS and platform.machine() == "arm64"
 
-# The distributions that provide the `tensorflow` module, in the order we ask for a version.
-TENSORFLOW_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-macos", "tf-nightly")
+# The distributions that provide the `tensorflow` module, in the order we ask for a version
+# (the same list as tf_metal_ops/_native.py, which the build cannot import).
+TENSORFLOW_DISTRIBUTIONS = (
+    "tensorflow",
+    "tensorflow-cpu",
+    "tensorflow-macos",
+    "tensorflow-intel",
+    "tf-nightly",
+    "tf-nightly-cpu",
+)
 
 
 def tensorflow_dir() -> Path:

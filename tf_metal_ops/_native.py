@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import functools
 import importlib.machinery
+import importlib.metadata
 import os
 import warnings
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 MIN_TENSORFLOW = (2, 16)  # the first TensorFlow with Keras 3
 NEWEST_TESTED_TENSORFLOW = (2, 21)
@@ -116,16 +117,30 @@ def build_info() -> Dict[str, Any]:
     return info
 
 
-TENSORFLOW_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-macos", "tf-nightly")
+# Distributions that provide the `tensorflow` module (setup.py keeps the same list: it cannot
+# import the package while building it).
+TENSORFLOW_DISTRIBUTIONS = (
+    "tensorflow",
+    "tensorflow-cpu",
+    "tensorflow-macos",
+    "tensorflow-intel",
+    "tf-nightly",
+    "tf-nightly-cpu",
+)
 
 
-def installed_tensorflow_version() -> "str | None":
-    """The installed TensorFlow's version from package metadata, without importing it."""
-    import importlib.metadata
-
+def installed_tensorflow_distribution() -> Optional[Tuple[str, str]]:
+    """(distribution name, version) of the installed TensorFlow, from package metadata, without
+    importing it; None when none is installed."""
     for name in TENSORFLOW_DISTRIBUTIONS:
         try:
-            return importlib.metadata.version(name)
+            return name, importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             continue
     return None
+
+
+def installed_tensorflow_version() -> Optional[str]:
+    """The installed TensorFlow's version from package metadata, without importing it."""
+    found = installed_tensorflow_distribution()
+    return None if found is None else found[1]

@@ -18,12 +18,10 @@ import sys
 from types import ModuleType
 from typing import Any
 
+from tf_metal_ops._native import installed_tensorflow_distribution
+
 # Our ops, as named in TensorFlow's registry (csrc/problem.h).
 OP_NAMES = ("TfMetalOps>CustomLoss", "TfMetalOps>CustomLossGrad")
-
-# Distributions that provide the `tensorflow` module; the first installed one is reported.
-_TENSORFLOW_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-macos",
-                             "tensorflow-intel", "tf-nightly", "tf-nightly-cpu")
 
 # TensorFlow's short names for the DataType enum values our attrs use.
 _DTYPE_NAMES = {1: "float", 2: "double", 3: "int32", 9: "int64", 14: "bfloat16", 19: "half"}
@@ -85,11 +83,8 @@ def distribution_version(name: str) -> str | None:
 
 
 def _tensorflow_distribution() -> str | None:
-    for name in _TENSORFLOW_DISTRIBUTIONS:
-        version = distribution_version(name)
-        if version is not None:
-            return f"{name} {version}"
-    return None
+    found = installed_tensorflow_distribution()
+    return None if found is None else f"{found[0]} {found[1]}"
 
 
 def registered_kernels(op_name: str) -> list[dict[str, Any]]:
