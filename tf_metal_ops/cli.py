@@ -34,8 +34,9 @@ from tf_metal_ops._arguments import positive_int, whole_number
 # TensorFlow's C++ log lines (CPU feature notices at start-up, and with Keras 3 on recent TF a
 # harmless "NodeDef mentions attribute use_unbounded_threadpool" at error level whenever
 # tf.data runs) would bury this tool's own output. Real failures still arrive as Python
-# exceptions. A user who wants the C++ logs sets the variable; effective only if TensorFlow is
-# not yet imported (tf_metal_ops imports it lazily).
+# exceptions. A user who wants the C++ logs sets the variable. It still takes effect although
+# the package has imported TensorFlow by now: TensorFlow's C++ logging reads it at its first
+# message (device set-up), not at import.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 EXIT_OK = 0
