@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "csrc/cpu/float_types.h"
+#include "csrc/cpu/huge_pages.h"
 #include "csrc/cpu/parallel_for.h"
 #include "csrc/cpu/row_loss.h"
 #include "csrc/cpu/rows_dispatch.h"
@@ -282,6 +283,7 @@ Error AllocateGradient(TF_OpKernelContext* ctx, const CustomLossProblem& problem
     return e;
   }
   *in_place = forwarded == kLogits;
+  if (!*in_place) AdviseHugePages(TF_TensorData(out->get()), TF_TensorByteSize(out->get()));
   return GetInput(ctx, kLogits, &inputs->logits);
 }
 

@@ -153,15 +153,23 @@ TMO_SIMD_INLINE float RowMax(const T* z, int64_t num_classes) {
 // share is summed apart so a confident row keeps its digits (row_loss.h). The tail's padding
 // lanes hold the maximum itself (exp(0): Exp's fast path) and are then masked out of e and of
 // the ties.
+//
+// This pass reads the row from the cache and spends its time on Exp, while pass 1 of the next
+// row waits for memory; so it also asks for the next row (`next_z`, into L2: a row of 32000
+// classes would not fit L1 beside the current one). Overlapping the two made both ops 20-30%
+// faster at 4096 x 1000 and 65536 x 1000 (the row kernels alone, one thread, A/B). A prefetch
+// never faults, so the last row of a range may name memory past the tensor.
 template <bool kStoreE, typename T>
 struct ExpSumOp {
   const T* z;
   float* e_out;
+  const T* next_z;
   VF max;
   VF others;
   VI ties;
   template <bool kFull>
   TMO_SIMD_INLINE void Block(int64_t c, int64_t n) {
+    __builtin_prefetch(next_z + c, /*rw=*/0, /*locality=*/2);
     const VF v = LoadBlock<kFull>(z + c, n, max[0]);
     VI tie = v == max;
     VF e = Exp(v - max);
@@ -178,7 +186,7 @@ struct ExpSumOp {
 
 template <bool kStoreE, typename T>
 TMO_SIMD_INLINE RowSoftmax RowExpSum(const T* z, int64_t num_classes, float max, float* e_out) {
-  ExpSumOp<kStoreE, T> op{z, e_out, Splat(max), Splat(0.0f), SplatI(0)};
+  ExpSumOp<kStoreE, T> op{z, e_out, z + num_classes, Splat(max), Splat(0.0f), SplatI(0)};
   ForEachBlock(num_classes, op);
   const float others_sum = ReduceAdd(op.others);
   const float ties_sum = ReduceAdd(__builtin_convertvector(op.ties, VF));
