@@ -105,6 +105,9 @@ def native_extension() -> Pybind11Extension:
     return Pybind11Extension(
         "tf_metal_ops._tf_metal_ops",
         sources=sources,
+        # setuptools does not scan #includes: without these, editing only a header leaves an
+        # in-place build stale.
+        depends=sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc").rglob("*.h")),
         include_dirs=[str(ROOT), str(include_dir)],
         define_macros=define_macros,
         extra_compile_args=extra_compile_args,

@@ -31,7 +31,7 @@ pytestmark = pytest.mark.skipif(
     reason="transparent huge pages are a Linux feature and this kernel has none",
 )
 
-# 16640 x 1024 float32 = 65 MiB, above the 64 MiB from which the advice is given. Only whole
+# 16640 x 1024 float32 = 65 MiB, above the 32 MiB from which the advice is given. Only whole
 # 2 MiB pages are advised, and wherever the buffer starts at least 31 of them (62 MiB) lie in it.
 CHILD = textwrap.dedent("""
     import json, re

@@ -20,9 +20,10 @@
 
 namespace tf_metal_ops {
 
-// Outputs from this size on are advised: above glibc's largest mmap threshold, so the block is
-// a mapping of its own that dies with the tensor.
-constexpr size_t kHugePageAdviceMinBytes = size_t{64} << 20;
+// Outputs from this size on are advised: glibc's largest mmap threshold (its dynamic threshold
+// never grows past 32 MiB on 64-bit systems), so the block is a mapping of its own that dies with
+// the tensor. (512 x 32000 floats, 62.5 MiB, is among the sizes this must cover.)
+constexpr size_t kHugePageAdviceMinBytes = size_t{32} << 20;
 
 // Advises huge pages for the whole 2 MiB pages inside [data, data + bytes), before the first
 // write. Call only on memory nothing has written yet (a fresh output): on memory already in use
