@@ -39,22 +39,31 @@ def _logits(rows: int, classes: int, seed: int) -> np.ndarray:
     return z
 
 
-def _check(dtype, classes: int, gamma: float, eps: float) -> None:
-    rows = 6
+def _check(dtype, classes: int, gamma: float, eps: float, rows: int = 6,
+           ignore_class: int | None = None, class_weights: np.ndarray | None = None,
+           dense: bool = False) -> None:
     z64 = _logits(rows, classes, seed=classes)
     labels = np.arange(rows) % classes
     labels[2] = 0
+    if dense:
+        labels = np.random.default_rng(rows).dirichlet(np.ones(classes), size=rows)
     z = tf.cast(tf.constant(z64), dtype)
     zq = tf.cast(z, tf.float64).numpy()
     upstream = np.linspace(0.5, 2.0, rows)
+    kwargs = dict(gamma=gamma, class_weights=class_weights, ignore_class=ignore_class)
     with tf.GradientTape() as tape:
         tape.watch(z)
-        loss = tf_metal_ops.custom_loss(labels, z, gamma=gamma, label_smoothing=eps)
+        loss = tf_metal_ops.custom_loss(tf.cast(labels, dtype) if dense else labels, z,
+                                        label_smoothing=eps, **kwargs)
     grad = tape.gradient(loss, z, output_gradients=tf.cast(upstream, dtype))
     uq = tf.cast(tf.cast(upstream, dtype), tf.float64).numpy()
     eps32 = float(np.float32(eps))
-    want_loss = ref.custom_loss(labels, zq, gamma=gamma, label_smoothing=eps32)
-    want_grad = ref.custom_loss_grad(labels, zq, gamma=gamma, label_smoothing=eps32, upstream=uq)
+    if dense:
+        labels = tf.cast(tf.cast(labels, dtype), tf.float64).numpy()
+    if class_weights is not None:
+        kwargs["class_weights"] = np.asarray(class_weights, np.float32).astype(np.float64)
+    want_loss = ref.custom_loss(labels, zq, label_smoothing=eps32, **kwargs)
+    want_grad = ref.custom_loss_grad(labels, zq, label_smoothing=eps32, upstream=uq, **kwargs)
     rtol, atol = TOLERANCES[dtype]
     for got, want in ((loss, want_loss), (grad, want_grad)):
         got = tf.cast(got, tf.float64).numpy()
@@ -71,8 +80,31 @@ def test_vector_tails_match_reference(dtype, classes):
         _check(dtype, classes, gamma, eps)
 
 
+# Rows of up to 48 classes run a group of 8 (AVX2) or 4 (SSE2/NEON) rows at a time, transposed
+# (csrc/cpu/simd_row_groups.h). 19 rows make full groups and a partial one at both widths, with
+# the special rows of _logits (all tied, confident, masked) inside the first group.
+GROUP_CLASS_COUNTS = [1, 2, 10, 47, 48, 49]
+
+
+def _check_groups(dtype, classes: int) -> None:
+    weights = np.linspace(0.0, 2.0, classes)  # class 0 weighs 0
+    for gamma, eps in SETTINGS:
+        _check(dtype, classes, gamma, eps, rows=19)
+        _check(dtype, classes, gamma, eps, rows=19, class_weights=weights)
+        _check(dtype, classes, gamma, eps, rows=19, class_weights=weights, dense=True)
+        # Rows labelled `classes - 1` are ignored: a few inside each group.
+        _check(dtype, classes, gamma, eps, rows=19, ignore_class=classes - 1)
+
+
+@pytest.mark.parametrize("classes", GROUP_CLASS_COUNTS)
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float16, tf.bfloat16])
+def test_row_groups_match_reference(dtype, classes):
+    _check_groups(dtype, classes)
+
+
 def test_portable_variant_matches_reference():
-    """Runs the tail test above in a process that uses the baseline (SSE2 / NEON) variant."""
+    """Runs the tail and group tests above in a process that uses the baseline (SSE2 / NEON)
+    variant."""
     script = textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {os.path.dirname(__file__)!r})
@@ -84,6 +116,8 @@ def test_portable_variant_matches_reference():
             for classes in t.CLASS_COUNTS:
                 for gamma, eps in t.SETTINGS:
                     t._check(dtype, classes, gamma, eps)
+            for classes in t.GROUP_CLASS_COUNTS:
+                t._check_groups(dtype, classes)
         print("ok")
     """)
     env = dict(os.environ, TF_METAL_OPS_CPU_ISA="portable", TF_CPP_MIN_LOG_LEVEL="3")

@@ -7,6 +7,7 @@
 // are compiled for the baseline and a baseline CPU can never reach an AVX2 copy of them.
 #if defined(__x86_64__)
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -34,6 +35,7 @@ namespace avx2 {
 #define TMO_SIMD_AVX2 1  // AVX2, FMA and F16C intrinsics may be used
 #include "csrc/cpu/simd_vector.h"
 #include "csrc/cpu/simd_rows.h"
+#include "csrc/cpu/simd_row_groups.h"
 
 }  // namespace avx2
 }  // namespace tf_metal_ops

@@ -1,5 +1,6 @@
 // The row kernels for the baseline every CPU of the architecture has: SSE2 on x86-64, NEON on
 // arm64 (4 float lanes). Always built; rows_avx2.cc adds a wider variant for x86-64.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -23,6 +24,7 @@ namespace portable {
 #define TF_METAL_OPS_SIMD_LANES 4
 #include "csrc/cpu/simd_vector.h"
 #include "csrc/cpu/simd_rows.h"
+#include "csrc/cpu/simd_row_groups.h"
 
 }  // namespace portable
 }  // namespace tf_metal_ops

@@ -218,6 +218,34 @@ TMO_SIMD_INLINE VF Log(VF x) {
   return Select(x != x, x + x, result);
 }
 
+// ---- log1p and expm1 -------------------------------------------------------------------------
+// For the per-row quantities of small-class rows, which are computed kLanes rows at a time
+// (simd_row_groups.h); a row of many classes computes them once in scalar (<cmath>).
+// - log1p(x) = log(u) * x / (u - 1) with u = 1 + x rounded (Goldberg): u - 1 is exact, and the
+//   ratio x / (u - 1) corrects log(u) for the rounding of u to first order, so the result keeps
+//   Log's accuracy plus a few ulp even where x is far below 1 (where log(1 + x) alone would
+//   lose every digit: u == 1 exactly, and then log1p(x) = x to float precision).
+// - expm1(x) = (u - 1) * x / log(u) with u = exp(x) rounded (Kahan), by the same argument;
+//   u == 1 gives x, u - 1 == -1 (x below about -17) gives -1, u == inf gives inf.
+// Special values: log1p(-1) = -inf, log1p(x < -1) = NaN, log1p(inf) = inf, expm1(-inf) = -1;
+// NaN stays NaN.
+TMO_SIMD_INLINE VF Log1p(VF x) {
+  const VF u = Splat(1.0f) + x;
+  const VF um1 = u - Splat(1.0f);
+  const VF log_u = Log(u);
+  VF result = log_u * (x / um1);
+  result = Select(um1 == Splat(0.0f), x, result);
+  return Select(u == Splat(std::numeric_limits<float>::infinity()), u, result);
+}
+TMO_SIMD_INLINE VF Expm1(VF x) {
+  const VF u = Exp(x);
+  const VF um1 = u - Splat(1.0f);
+  VF result = um1 * (x / Log(u));
+  result = Select(um1 == Splat(0.0f), x, result);
+  result = Select(um1 == Splat(-1.0f), um1, result);
+  return Select(u == Splat(std::numeric_limits<float>::infinity()), u, result);
+}
+
 // ---- loads and stores of every storage type, widened to / narrowed from float -----------------
 TMO_SIMD_INLINE VF LoadFull(const float* p) {
   VF v;

@@ -1,0 +1,198 @@
+// Rows with few classes, kLanes rows at a time.
+//
+// DELIBERATELY NO INCLUDE GUARD: compiled once per instruction set, after simd_rows.h (see
+// there and rows_dispatch.h).
+//
+// With C = 10 a row is one vector plus a tail, and simd_rows.h's per-row work (three horizontal
+// reductions, the scalar log1p of the sum, the labelled element's expm1, loop and tail
+// bookkeeping) costs several times the arithmetic on the row: 77 ns per row forward, on one
+// core, half of it in libm's log1pf and expm1f. Here a group of kLanes rows is copied
+// transposed into a tile, tile[c * kLanes + i] = z[row i][c], so that one vector holds class c
+// of every row of the group. The per-row quantities (max, sum, log_sum, the loss, G) are then
+// vectors with one lane per row: no horizontal reduction is left, and log1p and expm1 are the
+// vector ones of simd_vector.h.
+//
+// The formulas and passes are simd_rows.h's, and so are its block operations: walked as one
+// "row" of C * kLanes elements, the tile's block k is class k of all rows. Only the class
+// weights differ (one class per block, one label per lane): GroupSparseWeights and
+// GroupDenseWeights. Padding lanes (a last group with fewer than kLanes rows) compute on zeros
+// and are never written; ignored rows compute on their logits and are written as +0.
+
+#ifndef TF_METAL_OPS_SIMD_LANES
+#error "include simd_vector.h and simd_rows.h before simd_row_groups.h"
+#endif
+
+// w_c for the sparse rows of a group.
+struct GroupSparseWeights {
+  const RowsArgs* args;
+  VI labels;          // -1 in lanes of ignored and padding rows: no class matches
+  VF label_weights;   // a_y, 0 in those lanes
+  template <bool kFull>
+  TMO_SIMD_INLINE VF Get(int64_t offset, int64_t) const {
+    const int64_t c = offset / kLanes;
+    const VF q = Splat(args->smoothing_share) +
+                 KeepIf(labels == SplatI(static_cast<int32_t>(c)), Splat(args->target_share));
+    return args->class_weights ? Splat(args->class_weights[c]) * q : q;
+  }
+  // sum_c w_c per row, as SparseWeights::Sum.
+  VF Sum(int64_t) const {
+    return Splat(args->smoothing_share * args->sum_class_weights) +
+           Splat(args->target_share) * label_weights;
+  }
+};
+
+// w_c for the dense rows of a group; `targets` is the group's tile of targets.
+struct GroupDenseWeights {
+  const RowsArgs* args;
+  const float* targets;
+  template <bool kFull>
+  TMO_SIMD_INLINE VF Get(int64_t offset, int64_t) const {
+    const int64_t c = offset / kLanes;
+    const VF q = Splat(args->target_share) * LoadFull(targets + offset) +
+                 Splat(args->smoothing_share);
+    return args->class_weights ? Splat(args->class_weights[c]) * q : q;
+  }
+  VF Sum(int64_t num_classes) const {
+    VF sum = Splat(0.0f);
+    for (int64_t c = 0; c < num_classes; ++c) sum += Get<true>(c * kLanes, kLanes);
+    return sum;
+  }
+};
+
+// tile[c * kLanes + i] = rows[i][c] for the first `num_rows` rows; the other lanes are 0.
+template <typename T>
+TMO_SIMD_INLINE void LoadTile(const T* rows, int64_t num_rows, int64_t num_classes, float* tile) {
+  for (int64_t i = 0; i < kLanes; ++i) {
+    const T* row = rows + i * num_classes;
+    for (int64_t c = 0; c < num_classes; ++c) {
+      tile[c * kLanes + i] = i < num_rows ? Load(row[c]) : 0.0f;
+    }
+  }
+}
+
+// The group's softmax, lane by lane, as RowExpSum computes it for one row. `e` receives e_c.
+TMO_SIMD_INLINE SoftmaxLanes GroupSoftmax(const float* tile, int64_t num_classes, float* e) {
+  VF max = Splat(std::numeric_limits<float>::lowest());
+  for (int64_t c = 0; c < num_classes; ++c) max = MaxKeep(max, LoadFull(tile + c * kLanes));
+  // Nothing to prefetch: the tile is in L1, and the next group's rows follow this one's.
+  ExpSumOp<true, float> op{tile, e, tile, max, Splat(0.0f), SplatI(0)};
+  ForEachBlock(num_classes * kLanes, op);
+  const VF ties = __builtin_convertvector(op.ties, VF);
+  SoftmaxLanes sm;
+  sm.max = max;
+  // No logit reached the maximum (all -inf or NaN): log(0) = -inf makes every lp NaN.
+  sm.log_sum = Select(ties == Splat(0.0f), Log(op.others),
+                      Log1p(op.others + (ties - Splat(1.0f))));
+  sm.inv_sum = Splat(1.0f) / (op.others + ties);
+  // A +inf logit: the row is NaN (see RowExpSum).
+  const VI plus_inf = max == Splat(std::numeric_limits<float>::infinity());
+  sm.log_sum = Select(plus_inf, Splat(std::numeric_limits<float>::quiet_NaN()), sm.log_sum);
+  sm.inv_sum = Select(plus_inf, Splat(std::numeric_limits<float>::quiet_NaN()), sm.inv_sum);
+  return sm;
+}
+
+template <typename T, typename Label>
+void ComputeRowGroupsTyped(const RowsArgs& args, int64_t begin, int64_t end) {
+  constexpr bool kDense = std::is_same_v<Label, T>;
+  const int64_t num_classes = args.num_classes;
+  const int64_t width = num_classes * kLanes;
+  const T* logits = static_cast<const T*>(args.logits);
+  T* out = static_cast<T*>(args.out);
+  const bool forward = args.forward;
+  const float gamma = args.gamma;
+  const bool only_labelled = !kDense && args.smoothing_share == 0.0f;
+
+  alignas(64) float z[kMaxGroupClasses * kLanes];
+  alignas(64) float e[kMaxGroupClasses * kLanes];
+  alignas(64) float g[kMaxGroupClasses * kLanes];      // g_c of focal gradients
+  alignas(64) float grad[kMaxGroupClasses * kLanes];   // the gradient, before it is scattered
+  alignas(64) float targets[kDense ? kMaxGroupClasses * kLanes : 1];
+
+  for (int64_t first = begin; first < end; first += kLanes) {
+    const int64_t rows = std::min<int64_t>(kLanes, end - first);
+    LoadTile(logits + first * num_classes, rows, num_classes, z);
+    bool ignored[kLanes] = {};
+    VI labels = SplatI(-1);
+    VF label_weights = Splat(0.0f);
+    if constexpr (kDense) {
+      LoadTile(static_cast<const T*>(args.labels) + first * num_classes, rows, num_classes,
+               targets);
+    } else {
+      for (int64_t i = 0; i < rows; ++i) {
+        const int64_t label = ReadLabelAt<Label>(args.labels, first + i);
+        ignored[i] = args.has_ignore_class && label == args.ignore_class;
+        if (ignored[i]) continue;
+        labels[i] = static_cast<int32_t>(label);
+        label_weights[i] = args.class_weights ? args.class_weights[label] : 1.0f;
+      }
+    }
+    const SoftmaxLanes sm = GroupSoftmax(z, num_classes, e);
+
+    // Sparse, unsmoothed rows: only the labelled class carries weight (see RowKernel).
+    VF lp_y = Splat(0.0f);
+    VF w_y = Splat(0.0f);
+    if (only_labelled) {
+      VF z_y = Splat(0.0f);
+      for (int64_t i = 0; i < rows; ++i) {
+        if (labels[i] >= 0) z_y[i] = z[labels[i] * kLanes + i];
+      }
+      lp_y = (z_y - sm.max) - sm.log_sum;
+      w_y = label_weights * Splat(args.smoothing_share + args.target_share);
+    }
+    std::conditional_t<kDense, GroupDenseWeights, GroupSparseWeights> weights;
+    if constexpr (kDense) {
+      weights = GroupDenseWeights{&args, targets};
+    } else {
+      weights = GroupSparseWeights{&args, labels, label_weights};
+    }
+
+    if (forward) {
+      VF loss;
+      if (only_labelled) {
+        VF term = lp_y;  // gamma = 0: r^0 lp
+        if (gamma != 0.0f) {
+          for (int64_t i = 0; i < rows; ++i) term[i] = Focal<float>(lp_y[i], gamma).loss;
+        }
+        loss = KeepIf(w_y != Splat(0.0f), Splat(0.0f) - w_y * term);
+      } else {
+        loss = Splat(0.0f) - LossTerms(z, weights, sm, e, gamma, width);
+      }
+      for (int64_t i = 0; i < rows; ++i) Store(ignored[i] ? 0.0f : loss[i], &out[first + i]);
+      continue;
+    }
+
+    VF upstream = Splat(0.0f);
+    for (int64_t i = 0; i < rows; ++i) {
+      upstream[i] = Load(static_cast<const T*>(args.upstream)[first + i]);
+    }
+    if (only_labelled) {
+      VF scale = w_y;  // g_y for gamma = 0
+      if (gamma != 0.0f) {
+        for (int64_t i = 0; i < rows; ++i) {
+          scale[i] = w_y[i] * Focal<float>(lp_y[i], gamma).gradient;
+        }
+      }
+      ScaleOp<float> op{e, grad, sm.inv_sum, scale, upstream};
+      ForEachBlock(width, op);
+      const VF at_label = upstream * (Expm1(lp_y) * scale);
+      for (int64_t i = 0; i < rows; ++i) {
+        if (labels[i] >= 0) grad[labels[i] * kLanes + i] = at_label[i];
+      }
+    } else if (gamma == 0.0f) {
+      CrossEntropyGradOp<float, decltype(weights)> op{e,          &weights, grad,
+                                                      sm.inv_sum, weights.Sum(num_classes),
+                                                      upstream};
+      ForEachBlock(width, op);
+    } else {
+      const VF total = FocalFactorTerms(z, weights, sm, e, g, gamma, width);
+      FocalGradOp<float> op{e, g, grad, sm.inv_sum, total, upstream};
+      ForEachBlock(width, op);
+    }
+    for (int64_t i = 0; i < rows; ++i) {
+      T* row = out + (first + i) * num_classes;
+      for (int64_t c = 0; c < num_classes; ++c) {
+        Store(ignored[i] ? 0.0f : grad[c * kLanes + i], &row[c]);
+      }
+    }
+  }
+}
