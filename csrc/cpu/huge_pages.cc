@@ -34,6 +34,13 @@ void AdviseHugePages(void* data, size_t bytes) {
   const uintptr_t begin = (reinterpret_cast<uintptr_t>(data) + kHugePage - 1) & ~(kHugePage - 1);
   const uintptr_t end = (reinterpret_cast<uintptr_t>(data) + bytes) & ~(kHugePage - 1);
   if (end <= begin) return;
+  // Memory that is already resident was handed on by a caching allocator (TensorFlow's BFC
+  // allocator with TF_CPU_ALLOCATOR_USE_BFC=true, a caching malloc): it faults no more, and
+  // advising it would only split its mapping. One page tells: a fresh mapping has none.
+  unsigned char resident = 0;
+  if (mincore(reinterpret_cast<void*>(begin), 4096, &resident) == 0 && (resident & 1) != 0) {
+    return;
+  }
   // Advice only: a failure (EINVAL without THP support) leaves ordinary pages, which is fine.
   (void)madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
 #else

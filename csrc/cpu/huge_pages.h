@@ -26,8 +26,7 @@ namespace tf_metal_ops {
 constexpr size_t kHugePageAdviceMinBytes = size_t{32} << 20;
 
 // Advises huge pages for the whole 2 MiB pages inside [data, data + bytes), before the first
-// write. Call only on memory nothing has written yet (a fresh output): on memory already in use
-// the advice would only let the kernel's background thread merge pages later.
+// write, when that memory is fresh (not resident yet); memory already in use is left as it is.
 void AdviseHugePages(void* data, size_t bytes);
 
 // False when TF_METAL_OPS_CPU_HUGE_PAGES=0, or on systems without the advice.

