@@ -106,3 +106,27 @@ def test_environment_variable_turns_commit_and_wait_on_at_import(tmp_path):
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "commit_and_wait"
+
+
+def test_cpu_threads_follow_tensorflow_intra_op_setting(tmp_path):
+    """Without a cap of our own the CPU kernels use as many threads as TensorFlow's intra-op
+    pool is given; set_cpu_threads overrides that, and 0 goes back to following it. (In a child
+    process: TensorFlow's thread settings are fixed once its runtime starts.)"""
+    package_parent = str(Path(tf_metal_ops.__file__).resolve().parents[1])
+    script = "\n".join([
+        "import os, tensorflow as tf, tf_metal_ops",
+        "tf.config.threading.set_intra_op_parallelism_threads(1)",
+        "tf_metal_ops.custom_loss([0], [[1.0, 2.0]])",
+        "followed = tf_metal_ops.get_cpu_threads()",
+        "tf_metal_ops.set_cpu_threads(3)",
+        "tf_metal_ops.custom_loss([0], [[1.0, 2.0]])",
+        "explicit = tf_metal_ops.get_cpu_threads()",
+        "tf_metal_ops.set_cpu_threads(0)",
+        "print(followed, explicit, tf_metal_ops.get_cpu_threads())",
+    ])
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=300, cwd=tmp_path,
+                         env={**os.environ, "PYTHONPATH": package_parent,
+                              "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["1", "3", "1"], out.stdout

@@ -117,7 +117,7 @@ def build_parser(prog: str = "tf-metal-ops bench", add_help: bool = True) -> arg
                         help="timed runs per case and size (default: by size, 3 to 15)")
     parser.add_argument("--threads", type=non_negative_int, default=None,
                         help="thread cap of our CPU kernels (tf_metal_ops.set_cpu_threads; "
-                        "0: all cores); default: leave as is")
+                        "0: as TensorFlow's intra-op threads); default: leave as is")
     memory = parser.add_mutually_exclusive_group()
     memory.add_argument("--memory", dest="memory", action="store_true", default=None,
                         help="measure peak extra memory of one step (default: on unless --quick)")

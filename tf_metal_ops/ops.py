@@ -14,7 +14,7 @@ from typing import Any, Optional, Sequence, Union
 import numpy as np
 import tensorflow as tf
 
-from tf_metal_ops import _native
+from tf_metal_ops import _native, runtime
 
 FORWARD_OP = "TfMetalOps>CustomLoss"
 GRADIENT_OP = "TfMetalOps>CustomLossGrad"
@@ -267,6 +267,7 @@ def custom_loss(
         else:
             labels_t = _sparse_labels(labels_t, logits_t)
         weights_t = _class_weights_tensor(class_weights, logits_t)
+        runtime.follow_tensorflow_threads()
         return _native.op_module().tf_metal_ops_custom_loss(
             logits=logits_t,
             labels=labels_t,

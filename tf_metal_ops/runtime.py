@@ -1,5 +1,7 @@
 """The commit mode of the Metal kernels and the CPU thread limit: process-wide settings held by
-the native library, read by each op execution (so no `tf.function` is retraced)."""
+the native library, read by each op execution (so no `tf.function` is retraced). The thread
+limit follows `tf.config.threading.set_intra_op_parallelism_threads` unless `set_cpu_threads`
+sets one."""
 
 from __future__ import annotations
 
@@ -48,13 +50,40 @@ def metal_available() -> bool:
     return bool(_native.runtime().build_info()["metal_compiled_in"])
 
 
+# True once set_cpu_threads gave a cap of its own; until then the cap follows TensorFlow's.
+_explicit_cpu_threads = False
+
+
+def _tensorflow_intra_op_threads() -> int:
+    import tensorflow as tf
+
+    return int(tf.config.threading.get_intra_op_parallelism_threads())
+
+
 def set_cpu_threads(threads: int) -> None:
-    """Caps the threads one CPU kernel execution uses (0: all cores, the default)."""
+    """Caps the threads one CPU kernel execution uses.
+
+    Args:
+        threads: the cap, or 0 (the default) to follow TensorFlow's own setting,
+            `tf.config.threading.set_intra_op_parallelism_threads`, and use all cores where
+            that is 0 too.
+    """
+    global _explicit_cpu_threads
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 0:
-        raise ValueError(f"threads must be an int >= 0 (0: all cores), got {threads!r}")
-    _native.runtime().set_cpu_threads(threads)
+        raise ValueError(f"threads must be an int >= 0 (0: as TensorFlow's intra-op threads), "
+                         f"got {threads!r}")
+    _explicit_cpu_threads = threads > 0
+    _native.runtime().set_cpu_threads(threads if threads > 0 else _tensorflow_intra_op_threads())
 
 
 def get_cpu_threads() -> int:
-    """Returns the thread cap of the CPU kernels (the core count when no cap was set)."""
+    """Returns the thread cap of the CPU kernels (the core count when no cap applies)."""
     return int(_native.runtime().get_cpu_threads())
+
+
+def follow_tensorflow_threads() -> None:
+    """Called wherever a CustomLoss op is made: unless `set_cpu_threads` gave a cap, the CPU
+    kernels use as many threads as TensorFlow's intra-op pool is configured to (the C API gives
+    a kernel no access to that pool, so this is read on the Python side)."""
+    if not _explicit_cpu_threads:
+        _native.runtime().set_cpu_threads(_tensorflow_intra_op_threads())
