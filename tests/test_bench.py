@@ -32,6 +32,8 @@ def test_bench_quick_json_schema(quick_report):
     env = quick_report["environment"]
     assert env["cpu_kernel_isa"] in ("avx2", "portable")
     assert env["cpu_threads"] >= 1
+    assert env["tf_cpu_allocator"] in ("bfc", "default")
+    assert isinstance(env["huge_page_advice"], bool)
     assert quick_report["settings"]["quick"] is True
     case_names = [name for name, _ in bench.CASES]
     assert set(quick_report["settings"]["cases"]) == set(case_names)
@@ -72,6 +74,21 @@ def test_bench_table_names_every_case(quick_report):
         assert name in table
     for name, _, _ in bench.RATIOS:
         assert name in table
+
+
+def test_bench_table_says_when_memory_settings_differ(quick_report):
+    """Figures taken with TensorFlow's caching allocator or without our huge-page advice are not
+    comparable with the defaults, so the table's header says so (and only then)."""
+    env = quick_report["environment"]
+    defaults = dict(quick_report,
+                    environment=dict(env, tf_cpu_allocator="default", huge_page_advice=True))
+    assert "memory:" not in bench.format_table(defaults)
+    report = dict(quick_report,
+                  environment=dict(quick_report["environment"], tf_cpu_allocator="bfc"))
+    assert "TensorFlow's CPU allocator bfc" in bench.format_table(report)
+    report = dict(quick_report,
+                  environment=dict(quick_report["environment"], huge_page_advice=False))
+    assert "huge-page advice off" in bench.format_table(report)
 
 
 @pytest.mark.parametrize("argv", [["--sizes", "10by3"], ["--sizes", "0x5"], ["--repeats", "0"],

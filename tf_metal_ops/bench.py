@@ -432,6 +432,11 @@ def environment() -> Dict[str, Any]:
         "cpu_threads": int(runtime.get_cpu_threads()),
         "tf_intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
         "tf_inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads(),
+        # Both change what a fresh N x C tensor costs, for every case: TensorFlow's caching CPU
+        # allocator reuses memory (no page faults), our huge-page advice makes faults cheaper.
+        "tf_cpu_allocator": ("bfc" if os.environ.get("TF_CPU_ALLOCATOR_USE_BFC", "").lower()
+                             in ("1", "true") else "default"),
+        "huge_page_advice": os.environ.get("TF_METAL_OPS_CPU_HUGE_PAGES") != "0",
     }
 
 
@@ -442,8 +447,11 @@ def format_table(report: Dict[str, Any]) -> str:
         f"{env['cpu_count']} CPUs, our kernels: {env['cpu_kernel_isa']} x "
         f"{env['cpu_threads']} threads; float32, forward + backward under tf.function, "
         "medians of interleaved runs (ms)",
-        "",
     ]
+    if env.get("tf_cpu_allocator") == "bfc" or not env.get("huge_page_advice", True):
+        lines.append(f"  memory: TensorFlow's CPU allocator {env.get('tf_cpu_allocator')}, "
+                     f"huge-page advice {'on' if env.get('huge_page_advice', True) else 'off'}")
+    lines.append("")
     for name, description in CASES:
         lines.append(f"  {name:<13} {description}")
     lines.append("")
