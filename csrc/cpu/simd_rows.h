@@ -417,16 +417,24 @@ TMO_SIMD_INLINE int64_t ReadLabelAt(const void* labels, int64_t row) {
 }
 
 // Rows of few classes, kLanes rows at a time: simd_row_groups.h, included after this file.
-// Measured at 8 lanes, one thread, 32768-65536 rows: groups are 3.5x faster at 10 classes,
-// 2.3x at 16, 1.7x at 48, and even or slower at 64, where a row alone fills its vectors.
-constexpr int64_t kMaxGroupClasses = 48;
+// Measured on x86-64 (one thread, 32768-65536 rows, every mode of the loss): the forward is
+// faster in groups up to 48 classes at 8 lanes (3.5x at 10, 2.3x at 16, 1.3-1.5x at 48; even
+// or slower at 64, where a row alone fills its vectors) and up to 32 at 4 lanes; the gradient,
+// which also transposes its output back, up to 32 at 8 lanes and 24 at 4 (past that, smoothed
+// rows lose up to 20%). NEON's crossover is unmeasured; it takes the 4-lane values.
+constexpr int64_t kMaxGroupClassesForward = kLanes >= 8 ? 48 : 32;
+constexpr int64_t kMaxGroupClassesGradient = kLanes >= 8 ? 32 : 24;
+constexpr int64_t kMaxGroupClasses =
+    kMaxGroupClassesForward > kMaxGroupClassesGradient ? kMaxGroupClassesForward
+                                                       : kMaxGroupClassesGradient;
 template <typename T, typename Label>
 void ComputeRowGroupsTyped(const RowsArgs& args, int64_t begin, int64_t end);
 
 // Rows [begin, end) of one storage type and label kind (Label = T for dense targets).
 template <typename T, typename Label>
 void ComputeRowsTyped(const RowsArgs& args, int64_t begin, int64_t end) {
-  if (args.num_classes <= kMaxGroupClasses) {
+  if (args.num_classes <=
+      (args.forward ? kMaxGroupClassesForward : kMaxGroupClassesGradient)) {
     return ComputeRowGroupsTyped<T, Label>(args, begin, end);
   }
   constexpr bool kDense = std::is_same_v<Label, T>;
