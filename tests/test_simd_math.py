@@ -10,13 +10,15 @@ tolerance of 2e-5, which a much worse function would still meet.
 from __future__ import annotations
 
 import json
-import os
 import platform
-import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "msl_host"))
+import msl_build  # noqa: E402  (the tests' one choice of C++ compiler: $CXX, else g++)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SOURCE = REPO_ROOT / "tests" / "cpu_math" / "simd_math_check.cc"
@@ -27,13 +29,6 @@ MAX_ULP = {"exp": 1.0, "log": 1.9, "log1p": 4.0, "expm1": 4.0}
 BUILDS = ["baseline"]
 if platform.machine() in ("x86_64", "AMD64"):
     BUILDS.append("avx2")
-
-
-def _cxx() -> str:
-    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
-    if compiler is None:
-        pytest.fail("no C++ compiler on PATH (the package itself needs one to build)")
-    return compiler
 
 
 def _cpu_has_avx2() -> bool:
@@ -53,7 +48,7 @@ def results(request, tmp_path_factory) -> dict:
     flags = ["-O2", "-std=c++17", "-Wall", "-Wno-psabi", f"-I{REPO_ROOT}"]
     if build == "avx2":
         flags.append("-DCHECK_AVX2")
-    compiled = subprocess.run([_cxx(), *flags, "-o", str(binary), str(SOURCE)],
+    compiled = subprocess.run([msl_build.cxx(), *flags, "-o", str(binary), str(SOURCE)],
                               capture_output=True, text=True, check=False)
     assert compiled.returncode == 0, compiled.stderr[-3000:]
     ran = subprocess.run([str(binary), "256"], capture_output=True, text=True, timeout=600,
