@@ -78,6 +78,7 @@ def native_extension() -> Pybind11Extension:
         "csrc/cpu/rows_avx2.cc",
         "csrc/cpu/thread_pool.cc",
         "csrc/cpu/memory_floor.cc",
+        "csrc/cpu/gradient_cache.cc",
         "csrc/cpu/huge_pages.cc",
     ]
     define_macros = [("TF_METAL_OPS_BUILT_AGAINST_TF", f'"{tensorflow_version()}"')]

@@ -66,6 +66,8 @@ def test_bench_quick_memory_report(quick_report):
         assert memory["extra_over_gradient"][case] == pytest.approx(
             memory["extra_bytes"][case] / memory["gradient_bytes"])
     assert isinstance(memory["method"], str) and memory["method"]
+    # The quick size's gradient is far below the cache's 32 MiB: nothing is kept.
+    assert memory["held_between_steps_bytes"] == {case: 0 for case in bench.MEMORY_CASES}
 
 
 def test_bench_table_names_every_case(quick_report):
@@ -77,11 +79,12 @@ def test_bench_table_names_every_case(quick_report):
 
 
 def test_bench_table_says_when_memory_settings_differ(quick_report):
-    """Figures taken with TensorFlow's caching allocator or without our huge-page advice are not
-    comparable with the defaults, so the table's header says so (and only then)."""
+    """Figures taken with TensorFlow's caching allocator, or without our huge-page advice or
+    gradient cache, are not comparable with the defaults, so the table's header says so (and only then)."""
     env = quick_report["environment"]
     defaults = dict(quick_report,
-                    environment=dict(env, tf_cpu_allocator="default", huge_page_advice=True))
+                    environment=dict(env, tf_cpu_allocator="default", huge_page_advice=True,
+                                     gradient_cache=True))
     assert "memory:" not in bench.format_table(defaults)
     report = dict(quick_report,
                   environment=dict(quick_report["environment"], tf_cpu_allocator="bfc"))
@@ -89,6 +92,9 @@ def test_bench_table_says_when_memory_settings_differ(quick_report):
     report = dict(quick_report,
                   environment=dict(quick_report["environment"], huge_page_advice=False))
     assert "huge-page advice off" in bench.format_table(report)
+    report = dict(quick_report,
+                  environment=dict(quick_report["environment"], gradient_cache=False))
+    assert "gradient cache off" in bench.format_table(report)
 
 
 @pytest.mark.parametrize("argv", [["--sizes", "10by3"], ["--sizes", "0x5"], ["--repeats", "0"],

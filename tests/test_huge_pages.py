@@ -78,6 +78,10 @@ def _run(**settings: str) -> list:
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     for name in ("TF_METAL_OPS_CPU_HUGE_PAGES", "TF_CPU_ALLOCATOR_USE_BFC"):
         env.pop(name, None)
+    # Our gradient cache would serve the second step from the first step's memory (and advise
+    # its own buffer): off here, so each step's fresh TensorFlow output is what is checked.
+    # tests/test_gradient_cache.py covers the cache.
+    env["TF_METAL_OPS_CPU_GRADIENT_CACHE"] = "0"
     env.update(settings)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGE_PARENT, env.get("PYTHONPATH")) if p)
     completed = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True,

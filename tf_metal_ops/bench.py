@@ -14,14 +14,17 @@ For each problem size (N rows x C classes, float32 logits, forward + backward un
                     per element), on the same threads as our kernels (csrc/cpu/memory_floor.h),
                     into a buffer allocated once
     tf_floor        the same traffic as TensorFlow ops (reduce_sum(z) and z * 0.5), which also
-                    allocate a fresh N x C output each step as every loss here does
+                    allocate a fresh N x C output each step as every loss here does, except
+                    ours from 32 MiB on: they write into the buffer the step before set aside
+                    (csrc/cpu/gradient_cache.h; TF_METAL_OPS_CPU_GRADIENT_CACHE=0 turns it off)
 
 interleaved (every repeat runs every case once, in a rotating order, so a busy moment on a
 shared machine hits all of them alike) and reports medians and the ratios the performance
 issue asks for: anchor / ours (how many times faster we are) and ours / floor (how far from what
 the memory system allows). With `--memory` (on by default outside `--quick`) it also measures
 the peak extra memory of one forward + backward step, ours against Keras's focal loss, each in
-a fresh subprocess: peak resident memory during the step minus resident memory just before it.
+a fresh subprocess: peak resident memory during the step minus resident memory just before it,
+and what our gradient cache keeps between steps after it.
 
 Usage:
     python -m tf_metal_ops bench [--quick] [--json] [--sizes 4096x1000,512x32000]
@@ -370,6 +373,10 @@ def _memory_child(case: str, rows: int, cols: int) -> Dict[str, Any]:
         loss, grad = step(logits)
         loss.numpy()
         peak = _status_kib("VmHWM")
+        # The measured step is the first to write into the buffer the warm-up step set aside
+        # for it, so its faults count; from then on that buffer stays between steps.
+        del loss, grad
+        gc.collect()
     else:  # no /proc: ru_maxrss includes the warm-up step, so this is an upper bound
         method = "ru_maxrss minus resident size before the warm-up (upper bound)"
         before = None
@@ -380,7 +387,11 @@ def _memory_child(case: str, rows: int, cols: int) -> Dict[str, Any]:
         usage = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         peak = usage // 1024 if sys.platform == "darwin" else usage  # bytes on macOS
         before = 0
-    return {"case": case, "extra_bytes": 1024 * (peak - before), "method": method}
+    from tf_metal_ops import _native
+
+    held = int(_native.runtime().cpu_gradient_cache_info()["idle_bytes"])
+    return {"case": case, "extra_bytes": 1024 * (peak - before), "held_bytes": held,
+            "method": method}
 
 
 def measure_memory(rows: int, cols: int, progress: _Progress) -> Dict[str, Any]:
@@ -391,6 +402,8 @@ def measure_memory(rows: int, cols: int, progress: _Progress) -> Dict[str, Any]:
         "gradient_bytes": 4 * rows * cols,
         "extra_bytes": {},
         "extra_over_gradient": {},
+        # kept between steps by our gradient cache after the step (0 for Keras's loss)
+        "held_between_steps_bytes": {},
         "method": None,
         "errors": {},
     }
@@ -406,6 +419,7 @@ def measure_memory(rows: int, cols: int, progress: _Progress) -> Dict[str, Any]:
         child = json.loads(lines[-1])
         result["extra_bytes"][case] = child["extra_bytes"]
         result["extra_over_gradient"][case] = child["extra_bytes"] / result["gradient_bytes"]
+        result["held_between_steps_bytes"][case] = child["held_bytes"]
         result["method"] = child["method"]
     return result
 
@@ -437,6 +451,8 @@ def environment() -> Dict[str, Any]:
         "tf_cpu_allocator": ("bfc" if os.environ.get("TF_CPU_ALLOCATOR_USE_BFC", "").lower()
                              in ("1", "true") else "default"),
         "huge_page_advice": os.environ.get("TF_METAL_OPS_CPU_HUGE_PAGES") != "0",
+        # Ours only: large gradients reuse the previous step's buffer (csrc/cpu/gradient_cache.h).
+        "gradient_cache": bool(runtime.cpu_gradient_cache_info()["enabled"]),
     }
 
 
@@ -448,9 +464,14 @@ def format_table(report: Dict[str, Any]) -> str:
         f"{env['cpu_threads']} threads; float32, forward + backward under tf.function, "
         "medians of interleaved runs (ms)",
     ]
-    if env.get("tf_cpu_allocator") == "bfc" or not env.get("huge_page_advice", True):
+    if (env.get("tf_cpu_allocator") == "bfc" or not env.get("huge_page_advice", True)
+            or not env.get("gradient_cache", True)):
+        def on(key: str) -> str:
+            return "on" if env.get(key, True) else "off"
+
         lines.append(f"  memory: TensorFlow's CPU allocator {env.get('tf_cpu_allocator')}, "
-                     f"huge-page advice {'on' if env.get('huge_page_advice', True) else 'off'}")
+                     f"huge-page advice {on('huge_page_advice')}, "
+                     f"gradient cache {on('gradient_cache')}")
     lines.append("")
     for name, description in CASES:
         lines.append(f"  {name:<13} {description}")
@@ -477,8 +498,11 @@ def format_table(report: Dict[str, Any]) -> str:
                      f"(the gradient alone is {memory['gradient_bytes'] / 2**20:.1f} MiB):")
         for case in MEMORY_CASES:
             if case in memory["extra_bytes"]:
+                held = memory.get("held_between_steps_bytes", {}).get(case, 0)
                 lines.append(f"  {case:<12} {memory['extra_bytes'][case] / 2**20:10.1f} MiB "
-                             f"= {memory['extra_over_gradient'][case]:.2f} x gradient")
+                             f"= {memory['extra_over_gradient'][case]:.2f} x gradient" + (
+                                 f"; {held / 2**20:.1f} MiB kept for the next step "
+                                 "(gradient cache)" if held else ""))
             else:
                 lines.append(f"  {case:<12} failed: {memory['errors'].get(case)}")
         if memory.get("method"):

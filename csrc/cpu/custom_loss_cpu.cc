@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "csrc/cpu/float_types.h"
+#include "csrc/cpu/gradient_cache.h"
 #include "csrc/cpu/huge_pages.h"
 #include "csrc/cpu/parallel_for.h"
 #include "csrc/cpu/row_loss.h"
@@ -270,11 +271,24 @@ RowsArgs MakeRowsArgs(const CustomLossProblem& problem, const CustomLossInputs& 
 // reads z_c before it writes grad_c; the vectorized rows then keep e_c in a scratch row).
 Error AllocateGradient(TF_OpKernelContext* ctx, const CustomLossProblem& problem,
                        CustomLossInputs* inputs, TensorPtr* out, bool* in_place) {
+  const size_t bytes = static_cast<size_t>(TF_TensorByteSize(inputs->logits.get()));
+  StatusPtr status = NewStatus();
+  // A step that could not take over the logits' buffer before set a buffer aside for this one
+  // (gradient_cache.h): reuse it rather than fault in fresh memory.
+  if (TensorPtr cached = TakeCachedGradient(problem.attrs.logits_dtype, problem.logits_dims, bytes)) {
+    TF_SetOutput(ctx, kOutput, cached.get(), status.get());
+    if (Error e = FromStatus(status.get(), OpDescription(problem.attrs) + ": setting the gradient");
+        !e.ok()) {
+      return e;
+    }
+    *out = std::move(cached);
+    *in_place = false;
+    return Error::Ok();
+  }
   // Our own handle on the logits counts as a second owner and would forbid the forwarding.
   inputs->logits.reset();
   const int candidates[] = {kLogits};
   int forwarded = -1;
-  StatusPtr status = NewStatus();
   out->reset(TF_ForwardInputOrAllocateOutput(
       ctx, candidates, 1, kOutput, problem.logits_dims.data(),
       static_cast<int>(problem.logits_dims.size()), &forwarded, status.get()));
@@ -283,7 +297,10 @@ Error AllocateGradient(TF_OpKernelContext* ctx, const CustomLossProblem& problem
     return e;
   }
   *in_place = forwarded == kLogits;
-  if (!*in_place) AdviseHugePages(TF_TensorData(out->get()), TF_TensorByteSize(out->get()));
+  if (!*in_place) {
+    AdviseHugePages(TF_TensorData(out->get()), bytes);
+    ReserveCachedGradient(bytes);  // for the next step: it will not take over its logits either
+  }
   return GetInput(ctx, kLogits, &inputs->logits);
 }
 
