@@ -82,7 +82,12 @@ def native_extension() -> Pybind11Extension:
         "csrc/cpu/huge_pages.cc",
     ]
     define_macros = [("TF_METAL_OPS_BUILT_AGAINST_TF", f'"{tensorflow_version()}"')]
-    extra_compile_args = ["-O3", "-fno-strict-aliasing"]
+    # -ffp-contract=off: no multiply-add fused behind our back. The kernels spell each fused
+    # multiply-add they want (Fma in csrc/cpu/simd_vector.h); left to the compiler, whether
+    # `p * total - w` fuses depends on inlining context, so the same formula in two code paths
+    # (a gradient given the forward's row statistics, or not) could round differently.
+    # tests/test_simd_math.py builds with the same flag.
+    extra_compile_args = ["-O3", "-fno-strict-aliasing", "-ffp-contract=off"]
     extra_link_args = []
     if IS_MACOS:
         framework = "libtensorflow_framework.2.dylib"

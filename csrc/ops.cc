@@ -47,6 +47,14 @@ void InferShape(TF_ShapeInferenceContext* ctx, TF_Status* status, bool keep_clas
 
 void InferLossShape(TF_ShapeInferenceContext* ctx, TF_Status* status) {
   InferShape(ctx, status, /*keep_class_axis=*/false);
+  if (TF_GetCode(status) != TF_OK) return;
+  // row_stats: [num_rows or 0, kRowStatsWidth] (problem.h); the row count is left unknown.
+  ShapeHandlePtr rows(TF_ShapeInferenceContextVectorFromSize(ctx, static_cast<size_t>(-1)));  // -1: unknown
+  ShapeHandlePtr width(TF_ShapeInferenceContextVectorFromSize(ctx, kRowStatsWidth));
+  ShapeHandlePtr stats = NewShape();
+  TF_ShapeInferenceContextConcatenateShapes(ctx, rows.get(), width.get(), stats.get(), status);
+  if (TF_GetCode(status) != TF_OK) return;
+  TF_ShapeInferenceContextSetOutput(ctx, kRowStatsOutput, stats.get(), status);
 }
 void InferGradientShape(TF_ShapeInferenceContext* ctx, TF_Status* status) {
   InferShape(ctx, status, /*keep_class_axis=*/true);
@@ -80,12 +88,14 @@ void RegisterOps() {
   TF_OpDefinitionBuilder* forward = TF_NewOpDefinitionBuilder(kForwardOpName);
   AddCommonSignature(forward);
   TF_OpDefinitionBuilderAddOutput(forward, "loss: T");
+  TF_OpDefinitionBuilderAddOutput(forward, "row_stats: float");
   TF_OpDefinitionBuilderSetShapeInferenceFunction(forward, &InferLossShape);
   Register(forward, kForwardOpName);
 
   TF_OpDefinitionBuilder* gradient = TF_NewOpDefinitionBuilder(kGradientOpName);
   AddCommonSignature(gradient);
   TF_OpDefinitionBuilderAddInput(gradient, "upstream: T");
+  TF_OpDefinitionBuilderAddInput(gradient, "row_stats: float");
   TF_OpDefinitionBuilderAddOutput(gradient, "grad_logits: T");
   TF_OpDefinitionBuilderSetShapeInferenceFunction(gradient, &InferGradientShape);
   Register(gradient, kGradientOpName);

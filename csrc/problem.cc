@@ -125,6 +125,7 @@ Error DescribeProblem(TF_OpKernelContext* ctx, const CustomLossAttrs& attrs,
   if (Error e = GetInput(ctx, kClassWeights, &inputs->class_weights); !e.ok()) return e;
   if (attrs.direction == Direction::kGradient) {
     if (Error e = GetInput(ctx, kUpstream, &inputs->upstream); !e.ok()) return e;
+    if (Error e = GetInput(ctx, kRowStats, &inputs->row_stats); !e.ok()) return e;
   }
 
   const std::string op = OpDescription(attrs);
@@ -180,6 +181,17 @@ Error DescribeProblem(TF_OpKernelContext* ctx, const CustomLossAttrs& attrs,
                                     ShapeString(upstream_dims) + " with logits shape " +
                                     ShapeString(logits_dims));
     }
+    const std::vector<int64_t> stats_dims = Dims(inputs->row_stats.get());
+    const std::vector<int64_t> full = {problem->num_rows, kRowStatsWidth};
+    const std::vector<int64_t> none = {0, kRowStatsWidth};
+    if (stats_dims != full && stats_dims != none) {
+      return Error::InvalidArgument(op + ": row_stats must have shape " + ShapeString(full) +
+                                    " (the forward op's second output for these logits) or " +
+                                    ShapeString(none) + " (none); got " +
+                                    ShapeString(stats_dims) + " with logits shape " +
+                                    ShapeString(logits_dims));
+    }
+    problem->has_row_stats = problem->num_rows > 0 && stats_dims == full;
   }
   return Error::Ok();
 }
@@ -213,6 +225,16 @@ Error AllocateOutput(TF_OpKernelContext* ctx, const CustomLossProblem& problem, 
                                    TF_DataTypeSize(problem.attrs.logits_dtype),
                                status.get()));
   return FromStatus(status.get(), OpDescription(problem.attrs) + ": allocating the output");
+}
+
+Error AllocateRowStats(TF_OpKernelContext* ctx, const CustomLossProblem& problem, bool filled,
+                       TensorPtr* out) {
+  const int64_t dims[] = {filled ? problem.num_rows : 0, kRowStatsWidth};
+  StatusPtr status = NewStatus();
+  out->reset(TF_AllocateOutput(ctx, kRowStatsOutput, TF_FLOAT, dims, 2,
+                               static_cast<size_t>(dims[0] * dims[1]) * sizeof(float),
+                               status.get()));
+  return FromStatus(status.get(), OpDescription(problem.attrs) + ": allocating row_stats");
 }
 
 }  // namespace tf_metal_ops

@@ -19,8 +19,26 @@ inline constexpr const char kForwardOpName[] = "TfMetalOps>CustomLoss";
 inline constexpr const char kGradientOpName[] = "TfMetalOps>CustomLossGrad";
 
 // Input and output positions, shared by the op definitions and every kernel.
-enum InputIndex : int { kLogits = 0, kLabels = 1, kClassWeights = 2, kUpstream = 3 };
-enum OutputIndex : int { kOutput = 0 };
+enum InputIndex : int {
+  kLogits = 0,
+  kLabels = 1,
+  kClassWeights = 2,
+  kUpstream = 3,  // gradient op only
+  kRowStats = 4,  // gradient op only
+};
+enum OutputIndex : int { kOutput = 0, kRowStatsOutput = 1 /* forward op only */ };
+
+// Row statistics: the forward op's second output and the gradient op's last input, float32
+// [num_rows, kRowStatsWidth] holding, per flattened row, the softmax pieces the loss was computed
+// from: max_c z_c, log_sum = log sum_c exp(z_c - max) (summed so a confident row keeps its
+// digits, see csrc/cpu/row_loss.h) and 1 / sum_c exp(z_c - max). They depend on the logits
+// alone. A gradient given them skips the passes that find them again, and (CPU) computes a
+// plain or smoothed cross-entropy gradient in one pass over the row. The gradient is the same
+// bit for bit as without them, except where the CPU forward computed rows in groups
+// (cpu/simd_row_groups.h: its vector log1p may end log_sum an ulp or two away) and the
+// gradient did not, between the two kernels' class limits. A backend that does not produce them returns [0, kRowStatsWidth] (the CPU's
+// float64 kernel, the Metal kernels for now), and the gradient then computes them itself.
+inline constexpr int64_t kRowStatsWidth = 3;
 
 enum class LabelKind : int32_t { kSparseInt32 = 0, kSparseInt64 = 1, kDense = 2 };
 enum class Direction : int32_t { kForward = 0, kGradient = 1 };
@@ -45,6 +63,7 @@ struct CustomLossProblem {
   bool has_class_weights = false;  // false: class_weights is empty and every a_c is 1
   std::vector<int64_t> logits_dims;
   std::vector<int64_t> row_dims;  // logits_dims without the class axis: the loss's shape
+  bool has_row_stats = false;     // gradient op: row_stats were given (not [0, 3])
 };
 
 // The inputs of one execution, owned for the duration of Compute.
@@ -52,7 +71,8 @@ struct CustomLossInputs {
   TensorPtr logits;
   TensorPtr labels;
   TensorPtr class_weights;
-  TensorPtr upstream;  // gradient op only
+  TensorPtr upstream;   // gradient op only
+  TensorPtr row_stats;  // gradient op only: [num_rows, kRowStatsWidth], or [0, kRowStatsWidth]
 };
 
 // Reads and checks the attributes (gamma >= 0 and finite, 0 <= label_smoothing <= 1, the label
@@ -87,6 +107,11 @@ Error BadClassWeightError(const CustomLossProblem& problem, int64_t index, doubl
 
 // Allocates output 0 with the op's output shape (per-row loss, or d logits).
 Error AllocateOutput(TF_OpKernelContext* ctx, const CustomLossProblem& problem, TensorPtr* out);
+
+// Allocates the forward op's row statistics: [num_rows, kRowStatsWidth] when the backend fills
+// them (`filled`), else [0, kRowStatsWidth].
+Error AllocateRowStats(TF_OpKernelContext* ctx, const CustomLossProblem& problem, bool filled,
+                       TensorPtr* out);
 
 }  // namespace tf_metal_ops
 

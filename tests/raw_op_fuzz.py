@@ -59,10 +59,15 @@ def to_numpy(tensor: tf.Tensor) -> np.ndarray:
     return tensor.numpy()
 
 
+def outputs_to_numpy(result) -> List[np.ndarray]:
+    """Every output of an op call (the forward op has two: the loss and the row statistics)."""
+    return [to_numpy(t) for t in (result if isinstance(result, (list, tuple)) else [result])]
+
+
 def call(kwargs: Dict[str, object], gradient: bool, mode: str):
     op = OPS.tf_metal_ops_custom_loss_grad if gradient else OPS.tf_metal_ops_custom_loss
     if mode == "eager":
-        return to_numpy(op(**kwargs))
+        return outputs_to_numpy(op(**kwargs))
     # In a tf.function whose tensor inputs have unknown dimensions (rank known), so the
     # kernel's run-time checks, not shape inference, have to catch the problem.
     tensors = {k: v for k, v in kwargs.items() if isinstance(v, tf.Tensor)}
@@ -74,7 +79,7 @@ def call(kwargs: Dict[str, object], gradient: bool, mode: str):
     def run(*args):
         return op(**dict(zip(names, args)), **attrs)
 
-    return to_numpy(run(*[tensors[k] for k in names]))
+    return outputs_to_numpy(run(*[tensors[k] for k in names]))
 
 
 def base(batch=(3,), num_classes=4, *, labels=None, weights=None, dtype=tf.float32,
@@ -100,6 +105,7 @@ def with_grad(kwargs: Dict[str, object], upstream=None) -> Dict[str, object]:
     # int64 shape: a class count of 2**62 does not fit Shape's default int32.
     rows = tf.shape(logits, out_type=tf.int64)[:-1]
     kwargs["upstream"] = tf.ones(rows, dtype) if upstream is None else upstream
+    kwargs.setdefault("row_stats", tf.zeros([0, 3], tf.float32))  # none: the op finds them
     return kwargs
 
 
@@ -147,6 +153,18 @@ def cases() -> List[Case]:
     both("class_weights_too_short", lambda: base(weights=tf.ones([3])), ["class_weights"])
     both("class_weights_matrix", lambda: base(weights=tf.ones([2, 4])), ["class_weights"])
     both("class_weights_scalar", lambda: base(weights=tf.constant(1.0)), ["class_weights"])
+    out.append(Case("gradient/row_stats_wrong_rows",
+                    lambda: dict(with_grad(base()), row_stats=tf.zeros([4, 3])),
+                    ["row_stats", "shape"], True))
+    out.append(Case("gradient/row_stats_wrong_width",
+                    lambda: dict(with_grad(base()), row_stats=tf.zeros([3, 2])),
+                    ["row_stats", "shape"], True))
+    out.append(Case("gradient/row_stats_rank_1",
+                    lambda: dict(with_grad(base()), row_stats=tf.zeros([9])),
+                    ["row_stats", "shape"], True))
+    out.append(Case("gradient/row_stats_from_the_forward_op",
+                    lambda: dict(with_grad(base()),
+                                 row_stats=OPS.tf_metal_ops_custom_loss(**base())[1]), None, True))
     out.append(Case("gradient/upstream_wrong_rows",
                     lambda: with_grad(base(), tf.ones([4])), ["upstream"], True))
     out.append(Case("gradient/upstream_wrong_rank",

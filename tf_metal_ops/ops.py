@@ -268,7 +268,8 @@ def custom_loss(
             labels_t = _sparse_labels(labels_t, logits_t)
         weights_t = _class_weights_tensor(class_weights, logits_t)
         runtime.follow_tensorflow_threads()
-        return _native.op_module().tf_metal_ops_custom_loss(
+        # The second output, the rows' softmax statistics, is for the gradient only.
+        loss, _ = _native.op_module().tf_metal_ops_custom_loss(
             logits=logits_t,
             labels=labels_t,
             class_weights=weights_t,
@@ -277,6 +278,7 @@ def custom_loss(
             has_ignore_class=ignore_class is not None,
             ignore_class=0 if ignore_class is None else ignore_class,
         )
+        return loss
 
 
 def _op_attrs(op: tf.Operation) -> dict:
@@ -287,13 +289,17 @@ def _op_attrs(op: tf.Operation) -> dict:
 
 
 @tf.RegisterGradient(FORWARD_OP)
-def _custom_loss_gradient(op: tf.Operation, upstream: tf.Tensor):
+def _custom_loss_gradient(op: tf.Operation, upstream: tf.Tensor, _stats_upstream=None):
     logits, labels, class_weights = op.inputs
+    # The forward op's row statistics (max, log-sum, 1/sum per row; csrc/problem.h) spare the
+    # gradient the passes that would find them again. They are not differentiable: their own
+    # upstream gradient is ignored (nothing in the loss depends on them).
     grad_logits = _native.op_module().tf_metal_ops_custom_loss_grad(
         logits=logits,
         labels=labels,
         class_weights=class_weights,
         upstream=upstream,
+        row_stats=op.outputs[1],
         **_op_attrs(op),
     )
     return [grad_logits, None, None]

@@ -260,6 +260,9 @@ RowsArgs MakeRowsArgs(const CustomLossProblem& problem, const CustomLossInputs& 
   args.labels = TF_TensorData(inputs.labels.get());
   args.upstream = args.forward ? nullptr : TF_TensorData(inputs.upstream.get());
   args.out = TF_TensorData(out);
+  if (problem.has_row_stats) {
+    args.stats_in = static_cast<const float*>(TF_TensorData(inputs.row_stats.get()));
+  }
   return args;
 }
 
@@ -304,11 +307,13 @@ Error AllocateGradient(TF_OpKernelContext* ctx, const CustomLossProblem& problem
   return GetInput(ctx, kLogits, &inputs->logits);
 }
 
-// Float, half and bfloat16 logits: the vectorized rows of this CPU's instruction set.
+// Float, half and bfloat16 logits: the vectorized rows of this CPU's instruction set, which
+// write the forward's row statistics (`stats`, null for the gradient).
 void ComputeVectorized(const CustomLossProblem& problem, const CustomLossInputs& inputs,
-                       StorageType type, bool in_place, TF_Tensor* out) {
+                       StorageType type, bool in_place, TF_Tensor* out, TF_Tensor* stats) {
   RowsArgs args = MakeRowsArgs(problem, inputs, type, out);
   args.in_place = in_place;
+  if (stats != nullptr) args.stats_out = static_cast<float*>(TF_TensorData(stats));
   const RowsKernel kernel = SelectRowsKernel();
   ParallelFor(problem.num_rows, problem.num_classes,
               [&](int64_t begin, int64_t end) { kernel(args, begin, end); });
@@ -334,6 +339,15 @@ void Compute(void* kernel, TF_OpKernelContext* ctx) {
     return FailKernel(ctx, e);
   }
   if (Error e = CheckValues(problem, inputs); !e.ok()) return FailKernel(ctx, e);
+  const bool forward = problem.attrs.direction == Direction::kForward;
+  // The vectorized kernels write the forward's row statistics; the float64 one does not.
+  const bool fills_stats = problem.attrs.logits_dtype != TF_DOUBLE;
+  TensorPtr stats;
+  if (forward) {
+    if (Error e = AllocateRowStats(ctx, problem, fills_stats, &stats); !e.ok()) {
+      return FailKernel(ctx, e);
+    }
+  }
   if (problem.num_rows == 0) {  // an empty batch: an empty output, and no per-class setup
     TensorPtr empty;
     if (Error e = AllocateOutput(ctx, problem, &empty); !e.ok()) return FailKernel(ctx, e);
@@ -341,7 +355,7 @@ void Compute(void* kernel, TF_OpKernelContext* ctx) {
   }
   TensorPtr out;
   bool in_place = false;
-  if (problem.attrs.direction == Direction::kGradient) {
+  if (!forward) {
     if (Error e = AllocateGradient(ctx, problem, &inputs, &out, &in_place); !e.ok()) {
       return FailKernel(ctx, e);
     }
@@ -350,11 +364,14 @@ void Compute(void* kernel, TF_OpKernelContext* ctx) {
   }
   switch (problem.attrs.logits_dtype) {
     case TF_HALF:
-      return ComputeVectorized(problem, inputs, StorageType::kHalf, in_place, out.get());
+      return ComputeVectorized(problem, inputs, StorageType::kHalf, in_place, out.get(),
+                               stats.get());
     case TF_BFLOAT16:
-      return ComputeVectorized(problem, inputs, StorageType::kBFloat16, in_place, out.get());
+      return ComputeVectorized(problem, inputs, StorageType::kBFloat16, in_place, out.get(),
+                               stats.get());
     case TF_FLOAT:
-      return ComputeVectorized(problem, inputs, StorageType::kFloat, in_place, out.get());
+      return ComputeVectorized(problem, inputs, StorageType::kFloat, in_place, out.get(),
+                               stats.get());
     case TF_DOUBLE:
       return ComputeTyped<double>(problem, inputs, out.get());
     default:

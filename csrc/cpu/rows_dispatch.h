@@ -36,6 +36,10 @@ struct RowsArgs {
   const void* upstream = nullptr;  // [N] of `type`, gradient only
   void* out = nullptr;             // [N] loss, or [N, C] gradient, of `type`
   bool in_place = false;           // the gradient is written over the logits (out == logits)
+  // Row statistics (problem.h): the forward writes them to `stats_out`; a gradient reads them
+  // from `stats_in` when the forward's were given (null: it finds them itself).
+  float* stats_out = nullptr;
+  const float* stats_in = nullptr;
 };
 
 // Computes rows [begin, end) of the output. Thread-safe: different ranges may run at once.

@@ -157,7 +157,16 @@ void ComputeRowGroupsTyped(const RowsArgs& args, int64_t begin, int64_t end) {
       } else {
         loss = Splat(0.0f) - LossTerms(z, weights, sm, e, gamma, width);
       }
-      for (int64_t i = 0; i < rows; ++i) Store(ignored[i] ? 0.0f : loss[i], &out[first + i]);
+      for (int64_t i = 0; i < rows; ++i) {
+        Store(ignored[i] ? 0.0f : loss[i], &out[first + i]);
+        if (args.stats_out != nullptr) {
+          if (ignored[i]) {
+            WriteRowStats(args.stats_out, first + i, 0.0f, 0.0f, 0.0f);
+          } else {
+            WriteRowStats(args.stats_out, first + i, sm.max[i], sm.log_sum[i], sm.inv_sum[i]);
+          }
+        }
+      }
       continue;
     }
 
@@ -172,16 +181,15 @@ void ComputeRowGroupsTyped(const RowsArgs& args, int64_t begin, int64_t end) {
           scale[i] = w_y[i] * Focal<float>(lp_y[i], gamma).gradient;
         }
       }
-      ScaleOp<float> op{e, grad, sm.inv_sum, scale, upstream};
+      ScaleOp<float, StoredE> op{StoredE{e}, grad, sm.inv_sum, scale, upstream};
       ForEachBlock(width, op);
       const VF at_label = upstream * (Expm1(lp_y) * scale);
       for (int64_t i = 0; i < rows; ++i) {
         if (labels[i] >= 0) grad[labels[i] * kLanes + i] = at_label[i];
       }
     } else if (gamma == 0.0f) {
-      CrossEntropyGradOp<float, decltype(weights)> op{e,          &weights, grad,
-                                                      sm.inv_sum, weights.Sum(num_classes),
-                                                      upstream};
+      CrossEntropyGradOp<float, decltype(weights), StoredE> op{
+          StoredE{e}, &weights, grad, sm.inv_sum, weights.Sum(num_classes), upstream};
       ForEachBlock(width, op);
     } else {
       const VF total = FocalFactorTerms(z, weights, sm, e, g, gamma, width);

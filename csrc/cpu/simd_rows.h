@@ -205,6 +205,58 @@ TMO_SIMD_INLINE RowSoftmax RowExpSum(const T* z, int64_t num_classes, float max,
   return softmax;
 }
 
+// Where the gradient passes take e_c from: pass 2's stored values, or (rows whose statistics
+// came from the forward op, which skip pass 2) computed in the same pass from z_c and the
+// row's max, exactly as ExpSumOp computes them, so the gradient is the same bit for bit. The
+// fresh source also prefetches the next row, as ExpSumOp does.
+struct StoredE {
+  const float* e;
+  template <bool kFull>
+  TMO_SIMD_INLINE VF Get(int64_t c, int64_t n) const {
+    return LoadBlock<kFull>(e + c, n, 0.0f);
+  }
+};
+template <typename T>
+struct FreshE {
+  const T* z;
+  const T* next_z;
+  VF max;
+  template <bool kFull>
+  TMO_SIMD_INLINE VF Get(int64_t c, int64_t n) const {
+    __builtin_prefetch(next_z + c, /*rw=*/0, /*locality=*/2);
+    return Exp(LoadBlock<kFull>(z + c, n, 0.0f) - max);
+  }
+};
+
+// e_c into `e_out` for a row whose statistics are known (the focal gradient's passes read
+// them twice).
+template <typename T>
+struct ExpOp {
+  FreshE<T> source;
+  float* e_out;
+  template <bool kFull>
+  TMO_SIMD_INLINE void Block(int64_t c, int64_t n) {
+    StoreBlock<kFull>(e_out + c, source.template Get<kFull>(c, n), n);
+  }
+};
+
+// The forward's row statistics (problem.h's row_stats) of one row.
+TMO_SIMD_INLINE void WriteRowStats(float* stats, int64_t row, float max, float log_sum,
+                                   float inv_sum) {
+  float* at = stats + row * kRowStatsWidth;
+  at[0] = max;
+  at[1] = log_sum;
+  at[2] = inv_sum;
+}
+TMO_SIMD_INLINE RowSoftmax ReadRowStats(const float* stats, int64_t row) {
+  const float* at = stats + row * kRowStatsWidth;
+  RowSoftmax softmax;
+  softmax.max = at[0];
+  softmax.log_sum = at[1];
+  softmax.inv_sum = at[2];
+  return softmax;
+}
+
 // The lanes whose p > 1/2: recompute them in scalar (see the top of this file).
 TMO_SIMD_INLINE VI NeedsScalar(VF p) { return p > Splat(0.5f); }
 
@@ -275,28 +327,28 @@ VF LossTerms(const T* z, const Weights& weights, const SoftmaxLanes& sm, const f
 }
 
 // grad_c = upstream * (p_c * scale), p_c = e_c / sum: the gradient of a sparse, unsmoothed row
-// (scale = g_y) before its labelled element is set. `e` may be `grad` itself.
-template <typename T>
+// (scale = g_y) before its labelled element is set. A stored `e` may be `grad` itself.
+template <typename T, typename ESource>
 struct ScaleOp {
-  const float* e;
+  ESource e;
   T* grad;
   VF inv_sum, scale, upstream;
   template <bool kFull>
   TMO_SIMD_INLINE void Block(int64_t c, int64_t n) {
-    StoreBlock<kFull>(grad + c, upstream * ((LoadBlock<kFull>(e + c, n, 0.0f) * inv_sum) * scale), n);
+    StoreBlock<kFull>(grad + c, upstream * ((e.template Get<kFull>(c, n) * inv_sum) * scale), n);
   }
 };
 
 // grad_c = upstream * (p_c * total - w_c): gamma = 0, where g_c = w_c.
-template <typename T, typename Weights>
+template <typename T, typename Weights, typename ESource>
 struct CrossEntropyGradOp {
-  const float* e;
+  ESource e;
   const Weights* weights;
   T* grad;
   VF inv_sum, total, upstream;
   template <bool kFull>
   TMO_SIMD_INLINE void Block(int64_t c, int64_t n) {
-    const VF p = LoadBlock<kFull>(e + c, n, 0.0f) * inv_sum;
+    const VF p = e.template Get<kFull>(c, n) * inv_sum;
     StoreBlock<kFull>(grad + c, upstream * (p * total - weights->template Get<kFull>(c, n)), n);
   }
 };
@@ -383,21 +435,23 @@ struct RowKernel {
   }
 
   // Gradient of a sparse, unsmoothed row: only the label carries weight, G = g_y, and
-  // d/dz_j = p_j g_y (j != y), -r_y g_y (j = y). `e` holds e_c; it may be `grad` itself.
+  // d/dz_j = p_j g_y (j != y), -r_y g_y (j = y). `e` gives e_c; stored, it may be `grad`.
+  template <typename ESource>
   void GradientLabelled(const T* z, int64_t label, float w_y, const RowSoftmax& sm,
-                        const float* e, float upstream, T* grad) const {
-    const float lp_y = sm.LogP(Load(z[label]));
+                        const ESource& e, float upstream, T* grad) const {
+    const float lp_y = sm.LogP(Load(z[label]));  // read before the pass may overwrite z (in place)
     const float g = w_y * Focal<float>(lp_y, args.gamma).gradient;
-    ScaleOp<T> op{e, grad, Splat(sm.inv_sum), Splat(g), Splat(upstream)};
+    ScaleOp<T, ESource> op{e, grad, Splat(sm.inv_sum), Splat(g), Splat(upstream)};
     ForEachBlock(num_classes, op);
     Store(upstream * (std::expm1(lp_y) * g), &grad[label]);
   }
 
   // Gradient of a general row with gamma = 0: g_c = w_c, so d/dz_j = p_j W - w_j.
-  void GradientCrossEntropy(const Weights& weights, const RowSoftmax& sm, const float* e,
+  template <typename ESource>
+  void GradientCrossEntropy(const Weights& weights, const RowSoftmax& sm, const ESource& e,
                             float upstream, T* grad) const {
-    CrossEntropyGradOp<T, Weights> op{e, &weights, grad, Splat(sm.inv_sum),
-                                      Splat(weights.Sum(num_classes)), Splat(upstream)};
+    CrossEntropyGradOp<T, Weights, ESource> op{e, &weights, grad, Splat(sm.inv_sum),
+                                               Splat(weights.Sum(num_classes)), Splat(upstream)};
     ForEachBlock(num_classes, op);
   }
 
@@ -474,6 +528,7 @@ void ComputeRowsTyped(const RowsArgs& args, int64_t begin, int64_t end) {
       if (args.has_ignore_class && label == args.ignore_class) {
         if (forward) {
           Store(0.0f, &out[row]);
+          if (args.stats_out != nullptr) WriteRowStats(args.stats_out, row, 0.0f, 0.0f, 0.0f);
         } else {
           std::memset(static_cast<void*>(out + row * num_classes), 0,
                       sizeof(T) * static_cast<size_t>(num_classes));  // +0 in every type
@@ -487,26 +542,34 @@ void ComputeRowsTyped(const RowsArgs& args, int64_t begin, int64_t end) {
     } else {
       weights = SparseWeights{&args, label};
     }
-    const float max = RowMax(z, num_classes);
 
     if (forward) {
+      const float max = RowMax(z, num_classes);
+      RowSoftmax sm;
+      float loss;
+      bool labelled_only_done = false;
       if constexpr (!kDense) {
         if (only_labelled) {
-          const RowSoftmax sm = RowExpSum<false>(z, num_classes, max, nullptr);
+          sm = RowExpSum<false>(z, num_classes, max, nullptr);
           const float w = weights.ClassWeight(label) *
                           (args.smoothing_share + args.target_share);  // as row_loss.h's Weight
-          Store(w == 0.0f ? 0.0f
-                          : 0.0f - w * Focal<float>(sm.LogP(Load(z[label])), args.gamma).loss,
-                &out[row]);
-          continue;
+          loss = w == 0.0f ? 0.0f
+                           : 0.0f - w * Focal<float>(sm.LogP(Load(z[label])), args.gamma).loss;
+          labelled_only_done = true;
         }
       }
-      if (gamma_zero) {
-        const RowSoftmax sm = RowExpSum<false>(z, num_classes, max, nullptr);
-        Store(kernel.Loss(z, weights, sm, nullptr), &out[row]);
+      if (labelled_only_done) {
+        // the loss is set
+      } else if (gamma_zero) {
+        sm = RowExpSum<false>(z, num_classes, max, nullptr);
+        loss = kernel.Loss(z, weights, sm, nullptr);
       } else {
-        const RowSoftmax sm = RowExpSum<true>(z, num_classes, max, e_buffer);
-        Store(kernel.Loss(z, weights, sm, e_buffer), &out[row]);
+        sm = RowExpSum<true>(z, num_classes, max, e_buffer);
+        loss = kernel.Loss(z, weights, sm, e_buffer);
+      }
+      Store(loss, &out[row]);
+      if (args.stats_out != nullptr) {
+        WriteRowStats(args.stats_out, row, sm.max, sm.log_sum, sm.inv_sum);
       }
       continue;
     }
@@ -516,17 +579,33 @@ void ComputeRowsTyped(const RowsArgs& args, int64_t begin, int64_t end) {
     if constexpr (std::is_same_v<T, float>) {
       if (!args.in_place) e = grad;  // e_c kept in the gradient row, turned into grad_c later
     }
-    const RowSoftmax sm = RowExpSum<true>(z, num_classes, max, e);
     const float upstream = Load(static_cast<const T*>(args.upstream)[row]);
+    float w_y = 0.0f;
     if constexpr (!kDense) {
-      if (only_labelled) {
-        const float w_y = weights.ClassWeight(label) * (args.smoothing_share + args.target_share);
-        kernel.GradientLabelled(z, label, w_y, sm, e, upstream, grad);
-        continue;
-      }
+      w_y = weights.ClassWeight(label) * (args.smoothing_share + args.target_share);
     }
-    if (gamma_zero) {
-      kernel.GradientCrossEntropy(weights, sm, e, upstream, grad);
+    if (args.stats_in != nullptr) {
+      // The forward op's statistics: no pass to find them. Cross-entropy rows are then one
+      // pass (e_c computed where p_c is used); focal rows store e_c for their two passes.
+      const RowSoftmax sm = ReadRowStats(args.stats_in, row);
+      const FreshE<T> fresh{z, z + num_classes, Splat(sm.max)};
+      if (!kDense && only_labelled) {
+        kernel.GradientLabelled(z, label, w_y, sm, fresh, upstream, grad);
+      } else if (gamma_zero) {
+        kernel.GradientCrossEntropy(weights, sm, fresh, upstream, grad);
+      } else {
+        ExpOp<T> exps{fresh, e};
+        ForEachBlock(num_classes, exps);
+        kernel.GradientFocal(z, weights, sm, e, g_buffer, upstream, grad);
+      }
+      continue;
+    }
+    const RowSoftmax sm = RowExpSum<true>(z, num_classes, RowMax(z, num_classes), e);
+    const StoredE stored{e};
+    if (!kDense && only_labelled) {
+      kernel.GradientLabelled(z, label, w_y, sm, stored, upstream, grad);
+    } else if (gamma_zero) {
+      kernel.GradientCrossEntropy(weights, sm, stored, upstream, grad);
     } else {
       kernel.GradientFocal(z, weights, sm, e, g_buffer, upstream, grad);
     }
