@@ -93,9 +93,9 @@ def cpu_gradient_cache_info() -> dict:
     """Returns the state of the CPU gradient cache.
 
     A CPU gradient of 32 MiB or more that cannot take over its logits' buffer (as in Keras's
-    `fit`, which still reads the predictions after the gradient) is written, from the second
-    step on, into a buffer kept from the step before, instead of fresh memory that the system
-    must fault in and zero on every step. `TF_METAL_OPS_CPU_GRADIENT_CACHE=0` in the environment
+    `fit` with metrics, which still reads the predictions after the gradient) is written, from
+    the second step on, into a buffer kept from the step before, instead of fresh memory that
+    the system must fault in and zero on every step. `TF_METAL_OPS_CPU_GRADIENT_CACHE=0` in the environment
     turns this off.
 
     Returns:

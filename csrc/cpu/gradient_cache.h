@@ -4,8 +4,9 @@
 // which maps it fresh from the kernel and unmaps it when the tensor dies; the next step's
 // gradient is fresh memory again, which the kernel must fault in and zero before our kernel
 // writes a single value (perf: clear_page alone was 24% of a forward + backward step at that
-// size, with huge pages). Keras's fit() pays this on every step: it still reads the logits
-// (y_pred, for the metrics) after the gradient, so the gradient cannot take over their buffer.
+// size, with huge pages). Keras's fit() with metrics pays this on every step: it still reads the
+// logits (y_pred, for the metrics) after the gradient, so the gradient cannot take over their
+// buffer.
 //
 // So a gradient op that could not take over the logits' buffer, and whose output is large
 // (kGradientCacheMinBytes, where malloc maps fresh memory), sets aside one buffer of that size
