@@ -251,7 +251,7 @@ def run_case(case: Case, mode: str) -> Dict[str, object]:
         result.update(outcome="unexpected exception", error=type(error).__name__,
                       message=str(error)[:500], problem="not an orderly refusal")
     else:
-        result.update(outcome="ok", shape=list(np.shape(value)))
+        result.update(outcome="ok", shapes=[list(np.shape(v)) for v in value])
         if case.expect_error is not None:
             result["problem"] = "bad input was accepted"
     return result
