@@ -10,16 +10,12 @@ intermediate of the step, which lets TensorFlow hand their buffer to the gradien
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
-
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import tf_metal_ops
+from portable_isa import run_on_portable_isa
 from tf_metal_ops import reference as ref
 
 # (rtol, atol) against the float64 reference on the dtype-rounded inputs.
@@ -106,26 +102,14 @@ def test_row_groups_match_reference(dtype, classes):
 def test_portable_variant_matches_reference():
     """Runs the tail and group tests above in a process that uses the baseline (SSE2 / NEON)
     variant."""
-    script = textwrap.dedent(f"""
-        import sys
-        sys.path.insert(0, {os.path.dirname(__file__)!r})
-        import tensorflow as tf
-        from tf_metal_ops import _native
-        import test_cpu_kernels as t
-        assert _native.runtime().cpu_kernel_isa() == "portable"
+    run_on_portable_isa("test_cpu_kernels", """
         for dtype in (tf.float32, tf.float16, tf.bfloat16):
             for classes in t.CLASS_COUNTS:
                 for gamma, eps in t.SETTINGS:
                     t._check(dtype, classes, gamma, eps)
             for classes in t.GROUP_CLASS_COUNTS:
                 t._check_groups(dtype, classes)
-        print("ok")
-    """)
-    env = dict(os.environ, TF_METAL_OPS_CPU_ISA="portable", TF_CPP_MIN_LOG_LEVEL="3")
-    completed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                               env=env, timeout=600, check=False)
-    assert completed.returncode == 0 and completed.stdout.strip().endswith("ok"), (
-        completed.stderr[-3000:])
+    """, timeout=600)
 
 
 @pytest.mark.parametrize("dtype", [tf.float32, tf.float16, tf.bfloat16, tf.float64])

@@ -14,15 +14,11 @@ through custom_loss's gradient.)
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
-
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from portable_isa import run_on_portable_isa
 from tf_metal_ops import _native
 
 OPS = _native.op_module()
@@ -107,24 +103,12 @@ def test_gradient_with_row_stats_is_the_gradient_without(dtype, classes, label_k
 
 
 def test_portable_variant_gradient_with_row_stats_is_the_gradient_without():
-    script = textwrap.dedent(f"""
-        import sys
-        sys.path.insert(0, {os.path.dirname(__file__)!r})
-        import tensorflow as tf
-        from tf_metal_ops import _native
-        import test_row_stats as t
-        assert _native.runtime().cpu_kernel_isa() == "portable"
+    run_on_portable_isa("test_row_stats", """
         for dtype in t.DTYPES:
             for classes in t.CLASS_COUNTS:
                 for label_kind in ("int64", "dense"):
                     t._gradients_agree(dtype, classes, label_kind)
-        print("ok")
     """)
-    env = dict(os.environ, TF_METAL_OPS_CPU_ISA="portable", TF_CPP_MIN_LOG_LEVEL="3")
-    completed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                               env=env, timeout=900, check=False)
-    assert completed.returncode == 0 and completed.stdout.strip().endswith("ok"), (
-        completed.stderr[-3000:])
 
 
 @pytest.mark.parametrize("classes", [10, 33, 1003])

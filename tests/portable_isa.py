@@ -1,0 +1,33 @@
+"""Runs checks of a test module again on the baseline (SSE2 / NEON) kernels.
+
+The CPU kernels pick their instruction-set variant once per process, so the other variant is
+tested in a child process started with TF_METAL_OPS_CPU_ISA=portable, which imports the test
+module and runs the given body (with the module as `t`).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+
+def run_on_portable_isa(module: str, body: str, timeout: int = 900) -> None:
+    """Runs `body` (Python, with `tf` and the test module `t` imported) where the portable
+    variant is selected; fails with the child's stderr if it raises."""
+    script = "\n".join([
+        "import sys",
+        f"sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})",
+        "import tensorflow as tf",
+        "from tf_metal_ops import _native",
+        f"import {module} as t",
+        'assert _native.runtime().cpu_kernel_isa() == "portable"',
+        textwrap.dedent(body),
+        'print("ok")',
+    ])
+    env = dict(os.environ, TF_METAL_OPS_CPU_ISA="portable", TF_CPP_MIN_LOG_LEVEL="3")
+    completed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                               env=env, timeout=timeout, check=False)
+    assert completed.returncode == 0 and completed.stdout.strip().endswith("ok"), (
+        completed.stderr[-3000:])
