@@ -278,12 +278,11 @@ Error AllocateGradient(TF_OpKernelContext* ctx, const CustomLossProblem& problem
   StatusPtr status = NewStatus();
   // A step that could not take over the logits' buffer before set a buffer aside for this one
   // (gradient_cache.h): reuse it rather than fault in fresh memory.
-  if (TensorPtr cached = TakeCachedGradient(problem.attrs.logits_dtype, problem.logits_dims, bytes)) {
+  TensorPtr cached = TakeCachedGradient(problem.attrs.logits_dtype, problem.logits_dims, bytes);
+  if (cached != nullptr) {
     TF_SetOutput(ctx, kOutput, cached.get(), status.get());
-    if (Error e = FromStatus(status.get(), OpDescription(problem.attrs) + ": setting the gradient");
-        !e.ok()) {
-      return e;
-    }
+    const std::string what = OpDescription(problem.attrs) + ": setting the gradient";
+    if (Error e = FromStatus(status.get(), what); !e.ok()) return e;
     *out = std::move(cached);
     *in_place = false;
     return Error::Ok();

@@ -41,11 +41,11 @@ class GradientCache {
 
   bool Take(size_t bytes, Buffer* out) {
     std::lock_guard<std::mutex> lock(mutex_);
+    // The smallest that fits.
     size_t best = idle_.size();
     for (size_t i = 0; i < idle_.size(); ++i) {
-      if (Fits(idle_[i], bytes) && (best == idle_.size() || idle_[i].capacity < idle_[best].capacity)) {
-        best = i;
-      }
+      if (!Fits(idle_[i], bytes)) continue;
+      if (best == idle_.size() || idle_[i].capacity < idle_[best].capacity) best = i;
     }
     if (best == idle_.size()) return false;
     *out = idle_[best];
@@ -137,7 +137,9 @@ class GradientCache {
 
 // TensorFlow's deallocator of a cached tensor: runs on whichever thread drops the last
 // reference.
-void ReturnToCache(void* data, size_t /*len*/, void* /*arg*/) { GradientCache::Get().GiveBack(data); }
+void ReturnToCache(void* data, size_t /*len*/, void* /*arg*/) {
+  GradientCache::Get().GiveBack(data);
+}
 
 }  // namespace
 
