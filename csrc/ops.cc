@@ -48,8 +48,9 @@ void InferShape(TF_ShapeInferenceContext* ctx, TF_Status* status, bool keep_clas
 void InferLossShape(TF_ShapeInferenceContext* ctx, TF_Status* status) {
   InferShape(ctx, status, /*keep_class_axis=*/false);
   if (TF_GetCode(status) != TF_OK) return;
-  // row_stats: [num_rows or 0, kRowStatsWidth] (problem.h); the row count is left unknown.
-  ShapeHandlePtr rows(TF_ShapeInferenceContextVectorFromSize(ctx, static_cast<size_t>(-1)));  // -1: unknown
+  // row_stats: [num_rows or 0, kRowStatsWidth] (problem.h); the row count is left unknown
+  // (-1, TensorFlow's unknown dimension).
+  ShapeHandlePtr rows(TF_ShapeInferenceContextVectorFromSize(ctx, static_cast<size_t>(-1)));
   ShapeHandlePtr width(TF_ShapeInferenceContextVectorFromSize(ctx, kRowStatsWidth));
   ShapeHandlePtr stats = NewShape();
   TF_ShapeInferenceContextConcatenateShapes(ctx, rows.get(), width.get(), stats.get(), status);

@@ -36,8 +36,9 @@ enum OutputIndex : int { kOutput = 0, kRowStatsOutput = 1 /* forward op only */ 
 // plain or smoothed cross-entropy gradient in one pass over the row. The gradient is the same
 // bit for bit as without them, except where the CPU forward computed rows in groups
 // (cpu/simd_row_groups.h: its vector log1p may end log_sum an ulp or two away) and the
-// gradient did not, between the two kernels' class limits. A backend that does not produce them returns [0, kRowStatsWidth] (the CPU's
-// float64 kernel, the Metal kernels for now), and the gradient then computes them itself.
+// gradient did not, between the two kernels' class limits. A backend that does not produce
+// them returns [0, kRowStatsWidth] (the CPU's float64 kernel, the Metal kernels for now), and
+// the gradient then computes them itself.
 inline constexpr int64_t kRowStatsWidth = 3;
 
 enum class LabelKind : int32_t { kSparseInt32 = 0, kSparseInt64 = 1, kDense = 2 };
