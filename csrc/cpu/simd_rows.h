@@ -468,6 +468,22 @@ struct RowKernel {
     FocalGradOp<T> grads{e, g, grad, Splat(sm.inv_sum), Splat(total), Splat(upstream)};
     ForEachBlock(num_classes, grads);
   }
+
+  // The gradient of one row, by kind: sparse and unsmoothed (`label` >= 0 only then), plain
+  // cross-entropy, or general focal. The first two take e_c from `source`; the focal passes read
+  // e_c twice, so they need it stored in `e` already.
+  template <typename ESource>
+  void Gradient(const T* z, int64_t label, float w_y, const Weights& weights,
+                const RowSoftmax& sm, const ESource& source, const float* e, float* g,
+                float upstream, T* grad) const {
+    if (label >= 0) {
+      GradientLabelled(z, label, w_y, sm, source, upstream, grad);
+    } else if (args.gamma == 0.0f) {
+      GradientCrossEntropy(weights, sm, source, upstream, grad);
+    } else {
+      GradientFocal(z, weights, sm, e, g, upstream, grad);
+    }
+  }
 };
 
 template <typename Label>
@@ -504,16 +520,19 @@ void ComputeRowsTyped(const RowsArgs& args, int64_t begin, int64_t end) {
   const bool gamma_zero = args.gamma == 0.0f;
   // Sparse rows without smoothing have a single weighted class, handled in scalar.
   const bool only_labelled = !kDense && args.smoothing_share == 0.0f;
+  // Focal rows weighing more than the labelled class: their passes read e_c twice (forward:
+  // the sum, then the loss terms; gradient: g_c, then d/dz), so e_c is stored.
+  const bool general_focal = !only_labelled && !gamma_zero;
 
   // Float gradients keep e_c in the output row itself; the rest needs float buffers of C.
   bool need_e = false;
   bool need_g = false;
   if (forward) {
-    need_e = !only_labelled && !gamma_zero;
+    need_e = general_focal;
   } else {
     // In place, e_c must not overwrite z_c, which later passes still read.
     need_e = !std::is_same_v<T, float> || args.in_place;
-    need_g = !only_labelled && !gamma_zero;
+    need_g = general_focal;
   }
   // Kept per thread between calls (a pool worker serves many): O(C) per thread, no N x C.
   static thread_local std::vector<float> buffers;
@@ -549,10 +568,8 @@ void ComputeRowsTyped(const RowsArgs& args, int64_t begin, int64_t end) {
     }
 
     if (forward) {
-      // Focal rows weighing more than the labelled class read e_c again in the loss pass.
-      const bool keep_e = !only_labelled && !gamma_zero;
       const float max = RowMax(z, num_classes);
-      const RowSoftmax sm = keep_e ? RowExpSum<true>(z, num_classes, max, e_buffer)
+      const RowSoftmax sm = general_focal ? RowExpSum<true>(z, num_classes, max, e_buffer)
                                    : RowExpSum<false>(z, num_classes, max, nullptr);
       float loss = 0.0f;
       if constexpr (!kDense) {
@@ -563,7 +580,7 @@ void ComputeRowsTyped(const RowsArgs& args, int64_t begin, int64_t end) {
                            : 0.0f - w * Focal<float>(sm.LogP(Load(z[label])), args.gamma).loss;
         }
       }
-      if (!only_labelled) loss = kernel.Loss(z, weights, sm, keep_e ? e_buffer : nullptr);
+      if (!only_labelled) loss = kernel.Loss(z, weights, sm, general_focal ? e_buffer : nullptr);
       Store(loss, &out[row]);
       if (args.stats_out != nullptr) {
         WriteRowStats(args.stats_out, row, sm.max, sm.log_sum, sm.inv_sum);
@@ -578,34 +595,25 @@ void ComputeRowsTyped(const RowsArgs& args, int64_t begin, int64_t end) {
     }
     const float upstream = Load(static_cast<const T*>(args.upstream)[row]);
     float w_y = 0.0f;
+    int64_t labelled_only = -1;  // the label of a sparse, unsmoothed row
     if constexpr (!kDense) {
       w_y = weights.ClassWeight(label) * (args.smoothing_share + args.target_share);
+      if (only_labelled) labelled_only = label;
     }
     if (args.stats_in != nullptr) {
       // The forward op's statistics: no pass to find them. Cross-entropy rows are then one
       // pass (e_c computed where p_c is used); focal rows store e_c for their two passes.
       const RowSoftmax sm = ReadRowStats(args.stats_in, row);
       const FreshE<T> fresh{z, z + num_classes, Splat(sm.max)};
-      if (!kDense && only_labelled) {
-        kernel.GradientLabelled(z, label, w_y, sm, fresh, upstream, grad);
-      } else if (gamma_zero) {
-        kernel.GradientCrossEntropy(weights, sm, fresh, upstream, grad);
-      } else {
+      if (general_focal) {
         ExpOp<T> exps{fresh, e};
         ForEachBlock(num_classes, exps);
-        kernel.GradientFocal(z, weights, sm, e, g_buffer, upstream, grad);
       }
+      kernel.Gradient(z, labelled_only, w_y, weights, sm, fresh, e, g_buffer, upstream, grad);
       continue;
     }
     const RowSoftmax sm = RowExpSum<true>(z, num_classes, RowMax(z, num_classes), e);
-    const StoredE stored{e};
-    if (!kDense && only_labelled) {
-      kernel.GradientLabelled(z, label, w_y, sm, stored, upstream, grad);
-    } else if (gamma_zero) {
-      kernel.GradientCrossEntropy(weights, sm, stored, upstream, grad);
-    } else {
-      kernel.GradientFocal(z, weights, sm, e, g_buffer, upstream, grad);
-    }
+    kernel.Gradient(z, labelled_only, w_y, weights, sm, StoredE{e}, e, g_buffer, upstream, grad);
   }
 }
 
