@@ -8,9 +8,9 @@ module and runs the given body (with the module as `t`).
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import textwrap
+
+from child_python import run_python
 
 
 def run_on_portable_isa(module: str, body: str, timeout: int = 900) -> None:
@@ -26,8 +26,5 @@ def run_on_portable_isa(module: str, body: str, timeout: int = 900) -> None:
         textwrap.dedent(body),
         'print("ok")',
     ])
-    env = dict(os.environ, TF_METAL_OPS_CPU_ISA="portable", TF_CPP_MIN_LOG_LEVEL="3")
-    completed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                               env=env, timeout=timeout, check=False)
-    assert completed.returncode == 0 and completed.stdout.strip().endswith("ok"), (
-        completed.stderr[-3000:])
+    completed = run_python(script, env={"TF_METAL_OPS_CPU_ISA": "portable"}, timeout=timeout)
+    assert completed.stdout.strip().endswith("ok"), completed.stderr[-3000:]

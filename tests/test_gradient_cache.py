@@ -11,19 +11,12 @@ Keras's fit() with metrics reuses the buffer from its second step on.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import tempfile
 import textwrap
-from pathlib import Path
 
 import pytest
 
-import tf_metal_ops
+from child_python import last_json_line, run_python
 
-PACKAGE_PARENT = str(Path(tf_metal_ops.__file__).resolve().parent.parent)
 
 # 16640 x 1024 float32 = 65 MiB, above the 32 MiB from which gradients are cached.
 STEPS = textwrap.dedent("""
@@ -101,16 +94,9 @@ GRADIENT_BYTES = 16640 * 1024 * 4
 
 
 def _run(script: str, *args: str, **settings: str) -> dict:
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    env.pop("TF_METAL_OPS_CPU_GRADIENT_CACHE", None)
-    env.pop("TF_CPU_ALLOCATOR_USE_BFC", None)
-    env.update(settings)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGE_PARENT, env.get("PYTHONPATH")) if p)
-    completed = subprocess.run([sys.executable, "-c", script, *args], capture_output=True,
-                               text=True,
-                               env=env, timeout=600, cwd=tempfile.gettempdir(), check=False)
-    assert completed.returncode == 0, completed.stderr[-3000:]
-    return json.loads(completed.stdout.strip().splitlines()[-1])
+    completed = run_python(script, *args, env=settings,
+                           unset=("TF_METAL_OPS_CPU_GRADIENT_CACHE", "TF_CPU_ALLOCATOR_USE_BFC"))
+    return last_json_line(completed)
 
 
 def _assert_gradients_right(out: dict) -> None:

@@ -12,19 +12,14 @@ environment variables are read once.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
-import tempfile
 import textwrap
 from pathlib import Path
 
 import pytest
 
-import tf_metal_ops
+from child_python import last_json_line, run_python
 
-PACKAGE_PARENT = str(Path(tf_metal_ops.__file__).resolve().parent.parent)
 THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 pytestmark = pytest.mark.skipif(
@@ -75,19 +70,13 @@ CHILD = textwrap.dedent("""
 
 
 def _run(**settings: str) -> list:
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    for name in ("TF_METAL_OPS_CPU_HUGE_PAGES", "TF_CPU_ALLOCATOR_USE_BFC"):
-        env.pop(name, None)
     # Our gradient cache would serve the second step from the first step's memory (and advise
     # its own buffer): off here, so each step's fresh TensorFlow output is what is checked.
     # tests/test_gradient_cache.py covers the cache.
-    env["TF_METAL_OPS_CPU_GRADIENT_CACHE"] = "0"
-    env.update(settings)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGE_PARENT, env.get("PYTHONPATH")) if p)
-    completed = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True,
-                               env=env, timeout=600, cwd=tempfile.gettempdir(), check=False)
-    assert completed.returncode == 0, completed.stderr[-3000:]
-    steps = json.loads(completed.stdout.strip().splitlines()[-1])
+    env = dict(TF_METAL_OPS_CPU_GRADIENT_CACHE="0", **settings)
+    completed = run_python(CHILD, env=env,
+                           unset=("TF_METAL_OPS_CPU_HUGE_PAGES", "TF_CPU_ALLOCATOR_USE_BFC"))
+    steps = last_json_line(completed)
     for step in steps:
         assert step["max_error"] < 2e-5, steps
     return steps
