@@ -46,6 +46,10 @@ void InferShape(TF_ShapeInferenceContext* ctx, TF_Status* status, bool keep_clas
 }
 
 void InferLossShape(TF_ShapeInferenceContext* ctx, TF_Status* status) {
+  // Every output unknown first: the early gradient (problem.h) is the logits' shape or [0],
+  // which is decided at run time, so it stays unknown.
+  TF_ShapeInferenceContextSetUnknownShape(ctx, status);
+  if (TF_GetCode(status) != TF_OK) return;
   InferShape(ctx, status, /*keep_class_axis=*/false);
   if (TF_GetCode(status) != TF_OK) return;
   // row_stats: [num_rows or 0, kRowStatsWidth] (problem.h); the row count is left unknown
@@ -88,8 +92,10 @@ void Register(TF_OpDefinitionBuilder* builder, const char* name) {
 void RegisterOps() {
   TF_OpDefinitionBuilder* forward = TF_NewOpDefinitionBuilder(kForwardOpName);
   AddCommonSignature(forward);
+  TF_OpDefinitionBuilderAddInput(forward, "gradient_upstream: float");
   TF_OpDefinitionBuilderAddOutput(forward, "loss: T");
   TF_OpDefinitionBuilderAddOutput(forward, "row_stats: float");
+  TF_OpDefinitionBuilderAddOutput(forward, "early_gradient: T");
   TF_OpDefinitionBuilderSetShapeInferenceFunction(forward, &InferLossShape);
   Register(forward, kForwardOpName);
 
@@ -97,6 +103,8 @@ void RegisterOps() {
   AddCommonSignature(gradient);
   TF_OpDefinitionBuilderAddInput(gradient, "upstream: T");
   TF_OpDefinitionBuilderAddInput(gradient, "row_stats: float");
+  TF_OpDefinitionBuilderAddInput(gradient, "early_gradient: T");
+  TF_OpDefinitionBuilderAddInput(gradient, "early_gradient_upstream: float");
   TF_OpDefinitionBuilderAddOutput(gradient, "grad_logits: T");
   TF_OpDefinitionBuilderSetShapeInferenceFunction(gradient, &InferGradientShape);
   Register(gradient, kGradientOpName);

@@ -19,39 +19,14 @@ import pytest
 import tensorflow as tf
 
 from portable_isa import run_on_portable_isa
+from raw_ops import NO_STATS, NO_WEIGHTS, awkward_inputs, forward, gradient
 from tf_metal_ops import _native
-
-OPS = _native.op_module()
-NO_WEIGHTS = tf.zeros([0], tf.float32)
-NO_STATS = tf.zeros([0, 3], tf.float32)
 
 # Around the row-group limits (32 / 48 classes at 8 lanes, 24 / 32 at 4) and the vector widths.
 CLASS_COUNTS = [1, 7, 24, 25, 33, 48, 49, 100, 1003]
 # (gamma, label_smoothing): plain, smoothed, focal (the fast gamma kinds and a general one).
 SETTINGS = [(0.0, 0.0), (0.0, 0.1), (1.0, 0.0), (2.0, 0.1), (0.5, 0.0), (3.7, 1.0)]
 DTYPES = [tf.float32, tf.float16, tf.bfloat16]
-
-
-def _logits(rows: int, classes: int, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    z = rng.standard_normal((rows, classes)) * 5
-    z[0, :] = 0.0  # every class tied at the maximum
-    if classes > 1:
-        z[1, 0] = 60.0  # a confident row
-        z[2, -1] = -np.inf  # a masked class
-    z[3, 0] = np.nan
-    return z
-
-
-def _inputs(dtype, classes: int, label_kind: str, rows: int = 19):
-    z = tf.cast(tf.constant(_logits(rows, classes, seed=classes)), dtype)
-    ids = np.arange(rows) % classes
-    if label_kind == "dense":
-        targets = np.random.default_rng(rows).dirichlet(np.ones(classes), size=rows)
-        labels = tf.cast(tf.constant(targets), dtype)
-    else:
-        labels = tf.constant(ids, tf.int32 if label_kind == "int32" else tf.int64)
-    return z, labels
 
 
 # Forward rows of few classes go through the row-group kernel (csrc/cpu/simd_row_groups.h), whose
@@ -68,7 +43,7 @@ def _exact_expected(classes: int) -> bool:
 
 def _gradients_agree(dtype, classes: int, label_kind: str) -> None:
     exact = _exact_expected(classes)
-    z, labels = _inputs(dtype, classes, label_kind)
+    z, labels = awkward_inputs(dtype, classes, label_kind)
     upstream = tf.cast(tf.linspace(0.5, 2.0, z.shape[0]), dtype)
     weight_options = [NO_WEIGHTS, tf.constant(np.linspace(0.0, 2.0, classes), tf.float32)]
     for gamma, eps in SETTINGS:
@@ -76,12 +51,10 @@ def _gradients_agree(dtype, classes: int, label_kind: str) -> None:
             attrs = dict(gamma=gamma, label_smoothing=eps)
             if label_kind != "dense":  # rows labelled classes - 1 are ignored
                 attrs.update(has_ignore_class=True, ignore_class=classes - 1)
-            _, stats = OPS.tf_metal_ops_custom_loss(z, labels, weights, **attrs)
+            _, stats, _ = forward(z, labels, weights, **attrs)
             assert stats.shape == (z.shape[0], 3)
-            with_stats = OPS.tf_metal_ops_custom_loss_grad(z, labels, weights, upstream, stats,
-                                                           **attrs)
-            without = OPS.tf_metal_ops_custom_loss_grad(z, labels, weights, upstream, NO_STATS,
-                                                        **attrs)
+            with_stats = gradient(z, labels, weights, upstream, stats, **attrs)
+            without = gradient(z, labels, weights, upstream, NO_STATS, **attrs)
             got = tf.cast(with_stats, tf.float64).numpy()
             want = tf.cast(without, tf.float64).numpy()
             where = f"{dtype.name} C={classes} {label_kind} gamma={gamma} eps={eps}"
@@ -114,10 +87,9 @@ def test_portable_variant_gradient_with_row_stats_is_the_gradient_without():
 @pytest.mark.parametrize("classes", [10, 33, 1003])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_forward_row_stats_are_the_softmax_pieces(dtype, classes):
-    z, labels = _inputs(dtype, classes, "int32")
+    z, labels = awkward_inputs(dtype, classes, "int32")
     ignored = classes - 1
-    loss, stats = OPS.tf_metal_ops_custom_loss(z, labels, NO_WEIGHTS, has_ignore_class=True,
-                                               ignore_class=ignored)
+    loss, stats, _ = forward(z, labels, has_ignore_class=True, ignore_class=ignored)
     stats = stats.numpy()
     zq = tf.cast(z, tf.float64).numpy()
     is_ignored = labels.numpy() == ignored
@@ -137,7 +109,7 @@ def test_forward_row_stats_are_the_softmax_pieces(dtype, classes):
 def test_row_stats_shape_follows_the_flattened_rows():
     z = tf.random.stateless_normal([2, 3, 50], seed=[1, 2])
     labels = tf.zeros([2, 3], tf.int32)
-    loss, stats = OPS.tf_metal_ops_custom_loss(z, labels, NO_WEIGHTS)
+    loss, stats, _ = forward(z, labels)
     assert loss.shape == (2, 3) and stats.shape == (6, 3)
     np.testing.assert_array_equal(stats.numpy()[:, 0], tf.reduce_max(z, -1).numpy().ravel())
 
@@ -145,14 +117,12 @@ def test_row_stats_shape_follows_the_flattened_rows():
 def test_float64_kernel_returns_no_row_stats_and_its_gradient_works_without():
     z = tf.random.stateless_normal([4, 50], seed=[1, 2], dtype=tf.float64)
     labels = tf.constant([0, 1, 2, 3])
-    _, stats = OPS.tf_metal_ops_custom_loss(z, labels, NO_WEIGHTS)
+    _, stats, _ = forward(z, labels)
     assert stats.shape == (0, 3)
-    grad = OPS.tf_metal_ops_custom_loss_grad(z, labels, NO_WEIGHTS, tf.ones([4], tf.float64),
-                                             stats)
+    grad = gradient(z, labels, NO_WEIGHTS, tf.ones([4], tf.float64), stats)
     assert np.isfinite(grad.numpy()).all()
 
 
 def test_empty_batch_row_stats():
-    _, stats = OPS.tf_metal_ops_custom_loss(tf.zeros([0, 5]), tf.zeros([0], tf.int32),
-                                            NO_WEIGHTS)
+    _, stats, _ = forward(tf.zeros([0, 5]), tf.zeros([0], tf.int32))
     assert stats.shape == (0, 3)

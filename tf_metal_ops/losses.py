@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Sequence
+import os
+import threading
+from typing import Any, Callable, Dict, Optional, Sequence
 
 import keras
 import numpy as np
@@ -15,6 +17,26 @@ from tf_metal_ops.ops import (
     check_label_smoothing,
     custom_loss,
 )
+
+# Whether a gradient tape records (TensorFlow's own test, private: where it moved or vanished,
+# CustomLoss assumes no tape and never asks for an early gradient, which is only slower).
+try:  # TensorFlow 2.13 and later
+    from tensorflow.python.eager.record import could_possibly_record as _tape_may_record
+except ImportError:  # pragma: no cover - older layouts
+    try:
+        from tensorflow.python.eager.tape import could_possibly_record as _tape_may_record
+    except ImportError:
+
+        def _tape_may_record() -> bool:
+            return False
+
+
+try:  # Keras >= 3.6 keeps tensor attributes in its own table
+    from keras.src.backend.common.masking import get_keras_mask as _get_keras_mask
+except ImportError:  # older Keras 3 reads the attribute straight off the tensor
+
+    def _get_keras_mask(tensor: Any) -> Any:
+        return getattr(tensor, "_keras_mask", None)
 
 try:  # Keras >= 3.6 keeps tensor attributes in its own table
     from keras.src.backend.common.masking import set_keras_mask as _set_keras_mask
@@ -33,6 +55,36 @@ def _require_tensorflow_backend() -> None:
         )
 
 
+# Switch for the early gradient (csrc/problem.h): "0" turns it off, for comparisons.
+EARLY_GRADIENT_ENV = "TF_METAL_OPS_EARLY_GRADIENT"
+
+def early_gradients_enabled() -> bool:
+    """False when TF_METAL_OPS_EARLY_GRADIENT=0 is in the environment (read at each call)."""
+    return os.environ.get(EARLY_GRADIENT_ENV, "1") != "0"
+
+
+# Reductions whose upstream gradient per example is known before the loss is computed, as Keras
+# computes it (keras/src/losses/loss.py: reduce_values): sum / N, where N is the number of
+# losses as an int32 product cast to the loss dtype, differentiates to div_no_nan(1, N); a sum
+# to 1. "mean_with_sample_weight" is "mean" when no sample weight is given.
+_MEAN_REDUCTIONS = ("sum_over_batch_size", "mean", "mean_with_sample_weight")
+
+
+def _mean_upstream(logits: tf.Tensor) -> tf.Tensor:
+    count = tf.reduce_prod(tf.shape(logits, out_type=tf.int32)[:-1])
+    return tf.math.divide_no_nan(tf.constant(1.0, tf.float32), tf.cast(count, tf.float32))
+
+
+def _sum_upstream(logits: tf.Tensor) -> tf.Tensor:
+    del logits
+    return tf.constant(1.0, tf.float32)
+
+
+# What CustomLoss.__call__ learned about this call, for CustomLoss.call (which Keras calls
+# without the sample weight); per thread, as replicas may call one loss object at once.
+_call_context = threading.local()
+
+
 @keras.saving.register_keras_serializable(package="tf_metal_ops")
 class CustomLoss(keras.losses.Loss):
     """Fused focal / label-smoothed softmax cross-entropy for Keras.
@@ -46,6 +98,13 @@ class CustomLoss(keras.losses.Loss):
 
     Labels may be class ids (`[batch, ...]` or `[batch, ..., 1]`, ints or whole floats) or
     dense targets with the predictions' shape.
+
+    While a gradient tape records (as in `fit`), a float32 loss reduced with
+    `"sum_over_batch_size"` or `"sum"` and called without sample weights has its op compute the
+    gradient together with the loss, assuming the upstream gradient that reduction gives every
+    example (`1 / N` or 1); the gradient op then hands it on instead of reading the logits again,
+    and computes as usual if the assumption did not hold. The values are the same either way
+    (see `tf_metal_ops.early_gradient_info`).
 
     Args:
         gamma: focusing parameter `>= 0`; 0 is plain cross-entropy.
@@ -95,8 +154,41 @@ class CustomLoss(keras.losses.Loss):
         self.from_logits = bool(from_logits)
         self.ignore_class = check_ignore_class(ignore_class)
 
+    def __call__(self, y_true: Any, y_pred: Any, sample_weight: Optional[Any] = None) -> Any:
+        _call_context.assumed_upstream = self._assumed_upstream(y_pred, sample_weight)
+        try:
+            return super().__call__(y_true, y_pred, sample_weight=sample_weight)
+        finally:
+            _call_context.assumed_upstream = None
+
+    def _assumed_upstream(
+        self, y_pred: Any, sample_weight: Optional[Any]
+    ) -> Optional[Callable[[tf.Tensor], tf.Tensor]]:
+        """The upstream gradient Keras's reduction will give each example's loss, when it is
+        certain and a gradient may be taken: the op then computes the gradient early
+        (csrc/problem.h). None where sample weights, masks (ignore_class too) or replicas
+        rescale it, or where no gradient tape records (evaluation, prediction)."""
+        if not early_gradients_enabled():
+            return None
+        if sample_weight is not None or self.ignore_class is not None:
+            return None
+        if _get_keras_mask(y_pred) is not None or not _tape_may_record():
+            return None
+        if tf.distribute.get_strategy().num_replicas_in_sync != 1:
+            return None
+        if self.reduction in _MEAN_REDUCTIONS:
+            return _mean_upstream
+        if self.reduction == "sum":
+            return _sum_upstream
+        return None
+
     def call(self, y_true: tf.Tensor, y_pred: tf.Tensor) -> tf.Tensor:
         logits = y_pred if self.from_logits else tf.math.log(y_pred)
+        # Keras converts y_pred to the loss's dtype; the reduction's upstream is then exactly
+        # the float32 value assumed only for float32 losses.
+        assumed = getattr(_call_context, "assumed_upstream", None)
+        if tf.as_dtype(logits.dtype) != tf.float32:
+            assumed = None
         losses = custom_loss(
             y_true,
             logits,
@@ -104,6 +196,7 @@ class CustomLoss(keras.losses.Loss):
             label_smoothing=self.label_smoothing,
             class_weights=self.class_weights,
             ignore_class=self.ignore_class,
+            assumed_upstream=assumed,
         )
         if self.ignore_class is not None:
             # Ignored examples drop out of the average, not only out of the sum.

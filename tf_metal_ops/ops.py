@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 import tensorflow as tf
@@ -203,6 +203,21 @@ def _class_weights_tensor(class_weights: Any, logits: tf.Tensor) -> tf.Tensor:
     return tensor
 
 
+def _gradient_upstream_tensor(assumed_upstream: Any, logits: tf.Tensor) -> tf.Tensor:
+    """The forward op's gradient_upstream input: a float32 scalar, or [0] for none."""
+    if assumed_upstream is None:
+        return tf.zeros([0], tf.float32)
+    value = assumed_upstream(logits) if callable(assumed_upstream) else assumed_upstream
+    if isinstance(value, bool) or not isinstance(value, (numbers.Real, tf.Tensor, np.ndarray)):
+        raise TypeError(f"assumed_upstream must be a number, a scalar tensor or a function of the "
+                        f"logits giving one, got {value!r}")
+    tensor = tf.cast(value, tf.float32)
+    if tensor.shape.rank not in (0, None):  # unknown: the op checks it when it runs
+        raise ValueError(f"assumed_upstream must be a scalar (every example's upstream "
+                         f"gradient), got shape {tensor.shape}")
+    return tensor
+
+
 def custom_loss(
     labels: TensorLike,
     logits: TensorLike,
@@ -212,6 +227,7 @@ def custom_loss(
     class_weights: Optional[TensorLike] = None,
     ignore_class: Optional[int] = None,
     name: Optional[str] = None,
+    assumed_upstream: Optional[Union[float, tf.Tensor, Callable[[tf.Tensor], Any]]] = None,
 ) -> tf.Tensor:
     """Fused focal / label-smoothed softmax cross-entropy, one value per example.
 
@@ -235,6 +251,14 @@ def custom_loss(
         ignore_class: optional class id (sparse labels only) whose rows get loss 0 and
             gradient 0; it may lie outside `[0, C)` (e.g. -1 or 255).
         name: optional name scope.
+        assumed_upstream: optional upstream gradient you expect every example's loss to
+            receive, as a scalar (float or tensor) or a function of the logits tensor giving
+            one; e.g. `1 / N` when you take the mean of the `N` losses and differentiate that.
+            The op then computes the gradient together with the loss (its "early gradient"),
+            and the gradient op returns it without reading the logits again when its upstream is
+            that value in every row (compared bit for bit), or computes as usual when it is not:
+            the values are the same either way, a wrong guess costs time. `CustomLoss` sets it
+            by itself under a gradient tape; see `tf_metal_ops.early_gradient_info`.
 
     Returns:
         The per-example loss, shape `logits.shape[:-1]`, dtype of `logits`.
@@ -242,7 +266,8 @@ def custom_loss(
     Raises:
         TypeError: logits that are not floating point; labels of another kind.
         ValueError: shapes that do not match (both are named), gamma < 0 or NaN,
-            label_smoothing outside [0, 1], negative or NaN class weights.
+            label_smoothing outside [0, 1], negative or NaN class weights, an
+            `assumed_upstream` that is not a scalar.
         tf.errors.InvalidArgumentError: at run time, a class id outside `[0, C)` that is not
             `ignore_class` (the message names the example's index and the value), or shapes
             that were unknown while tracing and do not match.
@@ -267,12 +292,15 @@ def custom_loss(
         else:
             labels_t = _sparse_labels(labels_t, logits_t)
         weights_t = _class_weights_tensor(class_weights, logits_t)
+        gradient_upstream = _gradient_upstream_tensor(assumed_upstream, logits_t)
         runtime.follow_tensorflow_threads()
-        # The second output, the rows' softmax statistics, is for the gradient only.
-        loss, _ = _native.op_module().tf_metal_ops_custom_loss(
+        # The second and third outputs (the rows' softmax statistics, the early gradient) are
+        # for the gradient only.
+        loss, _, _ = _native.op_module().tf_metal_ops_custom_loss(
             logits=logits_t,
             labels=labels_t,
             class_weights=weights_t,
+            gradient_upstream=gradient_upstream,
             gamma=gamma,
             label_smoothing=label_smoothing,
             has_ignore_class=ignore_class is not None,
@@ -289,20 +317,23 @@ def _op_attrs(op: tf.Operation) -> dict:
 
 
 @tf.RegisterGradient(FORWARD_OP)
-def _custom_loss_gradient(op: tf.Operation, upstream: tf.Tensor, _stats_upstream=None):
-    logits, labels, class_weights = op.inputs
+def _custom_loss_gradient(op: tf.Operation, upstream: tf.Tensor, *_unused_upstreams):
+    logits, labels, class_weights, gradient_upstream = op.inputs
     # The forward op's row statistics (max, log-sum, 1/sum per row; csrc/problem.h) spare the
-    # gradient the passes that would find them again. They are not differentiable: their own
-    # upstream gradient is ignored (nothing in the loss depends on them).
+    # gradient the passes that would find them again, and its early gradient (when it made
+    # one) may be the whole answer. Neither is differentiable: their own upstream gradients are
+    # ignored (nothing in the loss depends on them).
     grad_logits = _native.op_module().tf_metal_ops_custom_loss_grad(
         logits=logits,
         labels=labels,
         class_weights=class_weights,
         upstream=upstream,
         row_stats=op.outputs[1],
+        early_gradient=op.outputs[2],
+        early_gradient_upstream=gradient_upstream,
         **_op_attrs(op),
     )
-    return [grad_logits, None, None]
+    return [grad_logits, None, None, None]
 
 
 @tf.RegisterGradient(GRADIENT_OP)

@@ -21,6 +21,7 @@
 #include "csrc/cpu/row_loss.h"
 #include "csrc/cpu/rows_dispatch.h"
 #include "csrc/problem.h"
+#include "csrc/runtime.h"
 
 namespace tf_metal_ops {
 namespace {
@@ -266,53 +267,97 @@ RowsArgs MakeRowsArgs(const CustomLossProblem& problem, const CustomLossInputs& 
   return args;
 }
 
-// The gradient has the logits' shape and dtype. When nothing but this op still holds the logits
-// (a model's last layer in training: the forward op has run, the gradient op is their last
-// reader), TensorFlow lets the gradient take over their buffer, and the step then allocates
-// nothing of size N x C: no memory, and no page faults on fresh memory, which on some systems
-// cost more than the kernel. Every row kernel is written to be correct in place (each pass
-// reads z_c before it writes grad_c; the vectorized rows then keep e_c in a scratch row).
-Error AllocateGradient(TF_OpKernelContext* ctx, const CustomLossProblem& problem,
-                       CustomLossInputs* inputs, TensorPtr* out, bool* in_place) {
+// A fresh gradient (the logits' shape and dtype) as output `index`: a buffer an earlier step
+// set aside if there is one (gradient_cache.h), else new memory, advised into huge pages and
+// remembered for the next step. `forward_logits` (the gradient op) first lets TensorFlow hand
+// over the logits' own buffer: when nothing but this op still holds them (a model's last layer
+// in training: the forward op has run, the gradient op is their last reader), the step then
+// allocates nothing of size N x C: no memory, and no page faults on fresh memory, which on some
+// systems cost more than the kernel. Every row kernel is written to be correct in place (each
+// pass reads z_c before it writes grad_c; the vectorized rows then keep e_c in a scratch row).
+Error AllocateGradient(TF_OpKernelContext* ctx, const CustomLossProblem& problem, int index,
+                       bool forward_logits, CustomLossInputs* inputs, TensorPtr* out,
+                       bool* in_place) {
   const size_t bytes = static_cast<size_t>(TF_TensorByteSize(inputs->logits.get()));
+  const std::string what = OpDescription(problem.attrs) + ": allocating the gradient";
   StatusPtr status = NewStatus();
-  // A step that could not take over the logits' buffer before set a buffer aside for this one
-  // (gradient_cache.h): reuse it rather than fault in fresh memory.
+  *in_place = false;
+  // A step that could not take over the logits' buffer before set a buffer aside for this one.
   TensorPtr cached = TakeCachedGradient(problem.attrs.logits_dtype, problem.logits_dims, bytes);
   if (cached != nullptr) {
-    TF_SetOutput(ctx, kOutput, cached.get(), status.get());
-    const std::string what = OpDescription(problem.attrs) + ": setting the gradient";
+    TF_SetOutput(ctx, index, cached.get(), status.get());
     if (Error e = FromStatus(status.get(), what); !e.ok()) return e;
     *out = std::move(cached);
-    *in_place = false;
     return Error::Ok();
   }
-  // Our own handle on the logits counts as a second owner and would forbid the forwarding.
-  inputs->logits.reset();
-  const int candidates[] = {kLogits};
-  int forwarded = -1;
-  out->reset(TF_ForwardInputOrAllocateOutput(
-      ctx, candidates, 1, kOutput, problem.logits_dims.data(),
-      static_cast<int>(problem.logits_dims.size()), &forwarded, status.get()));
-  if (Error e = FromStatus(status.get(), OpDescription(problem.attrs) + ": allocating the gradient");
-      !e.ok()) {
-    return e;
+  const int dims = static_cast<int>(problem.logits_dims.size());
+  if (forward_logits) {
+    // Our own handle on the logits counts as a second owner and would forbid the forwarding.
+    inputs->logits.reset();
+    const int candidates[] = {kLogits};
+    int forwarded = -1;
+    out->reset(TF_ForwardInputOrAllocateOutput(ctx, candidates, 1, index,
+                                               problem.logits_dims.data(), dims, &forwarded,
+                                               status.get()));
+    *in_place = forwarded == kLogits;
+    if (Error e = FromStatus(status.get(), what); !e.ok()) return e;
+    if (Error e = GetInput(ctx, kLogits, &inputs->logits); !e.ok()) return e;
+  } else {
+    out->reset(TF_AllocateOutput(ctx, index, problem.attrs.logits_dtype,
+                                 problem.logits_dims.data(), dims, bytes, status.get()));
+    if (Error e = FromStatus(status.get(), what); !e.ok()) return e;
   }
-  *in_place = forwarded == kLogits;
   if (!*in_place) {
     AdviseHugePages(TF_TensorData(out->get()), bytes);
     ReserveCachedGradient(bytes);  // for the next step: it will not take over its logits either
   }
-  return GetInput(ctx, kLogits, &inputs->logits);
+  return Error::Ok();
+}
+
+// The gradient op's early gradient (problem.h) is its answer when the upstream it assumed is the
+// upstream of every row, bit for bit: the same bits make the same arithmetic (+0 and -0 differ,
+// and a NaN matches only its own bits, whose gradient is the same NaNs).
+template <typename T>
+bool UpstreamIsEverywhere(const CustomLossProblem& problem, const CustomLossInputs& inputs) {
+  const float assumed =
+      *static_cast<const float*>(TF_TensorData(inputs.early_gradient_upstream.get()));
+  const T* upstream = static_cast<const T*>(TF_TensorData(inputs.upstream.get()));
+  for (int64_t row = 0; row < problem.num_rows; ++row) {
+    const float value = Load(upstream[row]);
+    if (std::memcmp(&value, &assumed, sizeof(float)) != 0) return false;
+  }
+  return true;
+}
+bool EarlyGradientApplies(const CustomLossProblem& problem, const CustomLossInputs& inputs) {
+  switch (problem.attrs.logits_dtype) {
+    case TF_HALF: return UpstreamIsEverywhere<Half>(problem, inputs);
+    case TF_BFLOAT16: return UpstreamIsEverywhere<BFloat16>(problem, inputs);
+    case TF_FLOAT: return UpstreamIsEverywhere<float>(problem, inputs);
+    default: return false;  // the float64 forward makes none
+  }
+}
+
+void HandOnEarlyGradient(TF_OpKernelContext* ctx, const CustomLossProblem& problem,
+                         const CustomLossInputs& inputs) {
+  StatusPtr status = NewStatus();
+  TF_SetOutput(ctx, kOutput, inputs.early_gradient.get(), status.get());
+  const std::string what = OpDescription(problem.attrs) + ": handing on the early gradient";
+  if (Error e = FromStatus(status.get(), what); !e.ok()) FailKernel(ctx, e);
 }
 
 // Float, half and bfloat16 logits: the vectorized rows of this CPU's instruction set, which
 // write the forward's row statistics (`stats`, null for the gradient).
 void ComputeVectorized(const CustomLossProblem& problem, const CustomLossInputs& inputs,
-                       StorageType type, bool in_place, TF_Tensor* out, TF_Tensor* stats) {
+                       StorageType type, bool in_place, TF_Tensor* out, TF_Tensor* stats,
+                       TF_Tensor* early_gradient) {
   RowsArgs args = MakeRowsArgs(problem, inputs, type, out);
   args.in_place = in_place;
   if (stats != nullptr) args.stats_out = static_cast<float*>(TF_TensorData(stats));
+  if (early_gradient != nullptr) {
+    args.early_gradient = TF_TensorData(early_gradient);
+    args.upstream_value =
+        *static_cast<const float*>(TF_TensorData(inputs.gradient_upstream.get()));
+  }
   const RowsKernel kernel = SelectRowsKernel();
   ParallelFor(problem.num_rows, problem.num_classes,
               [&](int64_t begin, int64_t end) { kernel(args, begin, end); });
@@ -339,13 +384,26 @@ void Compute(void* kernel, TF_OpKernelContext* ctx) {
   }
   if (Error e = CheckValues(problem, inputs); !e.ok()) return FailKernel(ctx, e);
   const bool forward = problem.attrs.direction == Direction::kForward;
-  // The vectorized kernels write the forward's row statistics; the float64 one does not.
-  const bool fills_stats = problem.attrs.logits_dtype != TF_DOUBLE;
+  // The vectorized kernels write the forward's row statistics, and its early gradient when
+  // asked; the float64 one does neither.
+  const bool vectorized = problem.attrs.logits_dtype != TF_DOUBLE;
+  const bool early_gradient = forward && vectorized && problem.wants_early_gradient &&
+                              problem.num_rows > 0;
   TensorPtr stats;
   if (forward) {
-    if (Error e = AllocateRowStats(ctx, problem, fills_stats, &stats); !e.ok()) {
+    if (Error e = AllocateRowStats(ctx, problem, vectorized, &stats); !e.ok()) {
       return FailKernel(ctx, e);
     }
+    if (!early_gradient) {
+      if (Error e = AllocateNoEarlyGradient(ctx, problem); !e.ok()) return FailKernel(ctx, e);
+    }
+  } else if (problem.has_early_gradient) {
+    if (EarlyGradientApplies(problem, inputs)) {
+      // The forward op computed this very gradient already: hand it on, no pass over the logits.
+      CountEarlyGradient(EarlyGradientEvent::kHandedOn);
+      return HandOnEarlyGradient(ctx, problem, inputs);
+    }
+    CountEarlyGradient(EarlyGradientEvent::kRecomputed);
   }
   if (problem.num_rows == 0) {  // an empty batch: an empty output, and no per-class setup
     TensorPtr empty;
@@ -353,24 +411,36 @@ void Compute(void* kernel, TF_OpKernelContext* ctx) {
     return;
   }
   TensorPtr out;
+  TensorPtr gradient;  // the forward's early gradient
   bool in_place = false;
   if (!forward) {
-    if (Error e = AllocateGradient(ctx, problem, &inputs, &out, &in_place); !e.ok()) {
+    if (Error e = AllocateGradient(ctx, problem, kOutput, /*forward_logits=*/true, &inputs, &out,
+                                   &in_place);
+        !e.ok()) {
       return FailKernel(ctx, e);
     }
-  } else if (Error e = AllocateOutput(ctx, problem, &out); !e.ok()) {
-    return FailKernel(ctx, e);
+  } else {
+    if (Error e = AllocateOutput(ctx, problem, &out); !e.ok()) return FailKernel(ctx, e);
+    bool unused = false;
+    if (early_gradient) {
+      if (Error e = AllocateGradient(ctx, problem, kEarlyGradientOutput,
+                                     /*forward_logits=*/false, &inputs, &gradient, &unused);
+          !e.ok()) {
+        return FailKernel(ctx, e);
+      }
+      CountEarlyGradient(EarlyGradientEvent::kMade);
+    }
   }
   switch (problem.attrs.logits_dtype) {
     case TF_HALF:
       return ComputeVectorized(problem, inputs, StorageType::kHalf, in_place, out.get(),
-                               stats.get());
+                               stats.get(), gradient.get());
     case TF_BFLOAT16:
       return ComputeVectorized(problem, inputs, StorageType::kBFloat16, in_place, out.get(),
-                               stats.get());
+                               stats.get(), gradient.get());
     case TF_FLOAT:
       return ComputeVectorized(problem, inputs, StorageType::kFloat, in_place, out.get(),
-                               stats.get());
+                               stats.get(), gradient.get());
     case TF_DOUBLE:
       return ComputeTyped<double>(problem, inputs, out.get());
     default:

@@ -172,7 +172,7 @@ void ComputeRowGroupsTyped(const RowsArgs& args, int64_t begin, int64_t end) {
 
     VF upstream = Splat(0.0f);
     for (int64_t i = 0; i < rows; ++i) {
-      upstream[i] = Load(static_cast<const T*>(args.upstream)[first + i]);
+      upstream[i] = UpstreamAt<T>(args, first + i);
     }
     if (only_labelled) {
       VF scale = w_y;  // g_y for gamma = 0
