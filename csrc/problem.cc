@@ -231,10 +231,12 @@ Error DescribeProblem(TF_OpKernelContext* ctx, const CustomLossAttrs& attrs,
                                     "output) or shape [0] (none); got " +
                                     ShapeString(early_dims));
     }
-    if (has_gradient != has_upstream) {
+    // An upstream without a gradient is what a forward op that was asked but made none (the
+    // float64 and Metal kernels, an empty batch) hands over: the gradient is then computed.
+    if (has_gradient && !has_upstream) {
       return Error::InvalidArgument(
-          op + ": early_gradient and early_gradient_upstream come together (the forward op's "
-               "third output and its gradient_upstream input); got early_gradient shape " +
+          op + ": an early_gradient needs the early_gradient_upstream it was made for (the "
+               "forward op's gradient_upstream input, a scalar); got early_gradient shape " +
           ShapeString(early_dims) + " and early_gradient_upstream shape " +
           ShapeString(Dims(inputs->early_gradient_upstream.get())));
     }

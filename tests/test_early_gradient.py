@@ -152,8 +152,36 @@ def test_early_gradient_shape_errors_name_the_inputs():
     with pytest.raises(tf.errors.InvalidArgumentError, match="early_gradient must have"):
         gradient(z, labels, NO_WEIGHTS, upstream, NO_STATS, early_gradient=tf.zeros([ROWS, 9]),
                  early_gradient_upstream=tf.constant(1.0))
-    with pytest.raises(tf.errors.InvalidArgumentError, match="come together"):
+    with pytest.raises(tf.errors.InvalidArgumentError, match="needs the early_gradient_upstream"):
         gradient(z, labels, NO_WEIGHTS, upstream, NO_STATS, early_gradient=tf.zeros(z.shape))
+
+
+@pytest.mark.parametrize("rows, dtype", [(0, tf.float32), (5, tf.float64)])
+def test_an_early_gradient_asked_for_but_not_made_is_computed(rows, dtype):
+    # The forward op was given an upstream but made no early gradient (an empty batch, the
+    # float64 kernel; the Metal kernels alike): the gradient op computes, as without one.
+    logits = tf.random.stateless_normal([rows, 7], seed=[1, 2], dtype=dtype)
+    labels = tf.zeros([rows], tf.int32)
+
+    @tf.function
+    def step(z):
+        with tf.GradientTape() as tape:
+            tape.watch(z)
+            loss = tf.reduce_sum(tf_metal_ops.custom_loss(labels, z, assumed_upstream=1.0))
+        return tape.gradient(loss, z)
+
+    want = gradient(logits, labels, NO_WEIGHTS, tf.ones([rows], dtype))
+    _assert_same_bits(step(logits), want, f"{rows} rows of {dtype.name}")
+    loss = tf_metal_ops.CustomLoss()
+
+    @tf.function
+    def keras_step(z):
+        with tf.GradientTape() as tape:
+            tape.watch(z)
+            value = loss(labels, z)
+        return tape.gradient(value, z)
+
+    assert keras_step(tf.cast(logits, tf.float32)).shape == (rows, 7)
 
 
 # ---- CustomLoss: when it asks for an early gradient, and that its gradients do not change ----

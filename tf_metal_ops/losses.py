@@ -33,14 +33,11 @@ except ImportError:  # pragma: no cover - older layouts
 
 try:  # Keras >= 3.6 keeps tensor attributes in its own table
     from keras.src.backend.common.masking import get_keras_mask as _get_keras_mask
+    from keras.src.backend.common.masking import set_keras_mask as _set_keras_mask
 except ImportError:  # older Keras 3 reads the attribute straight off the tensor
 
     def _get_keras_mask(tensor: Any) -> Any:
         return getattr(tensor, "_keras_mask", None)
-
-try:  # Keras >= 3.6 keeps tensor attributes in its own table
-    from keras.src.backend.common.masking import set_keras_mask as _set_keras_mask
-except ImportError:  # older Keras 3 reads the attribute straight off the tensor
 
     def _set_keras_mask(tensor: tf.Tensor, mask: tf.Tensor) -> None:
         tensor._keras_mask = mask
@@ -57,6 +54,7 @@ def _require_tensorflow_backend() -> None:
 
 # Switch for the early gradient (csrc/problem.h): "0" turns it off, for comparisons.
 EARLY_GRADIENT_ENV = "TF_METAL_OPS_EARLY_GRADIENT"
+
 
 def early_gradients_enabled() -> bool:
     """False when TF_METAL_OPS_EARLY_GRADIENT=0 is in the environment (read at each call)."""

@@ -208,7 +208,8 @@ def _gradient_upstream_tensor(assumed_upstream: Any, logits: tf.Tensor) -> tf.Te
     if assumed_upstream is None:
         return tf.zeros([0], tf.float32)
     value = assumed_upstream(logits) if callable(assumed_upstream) else assumed_upstream
-    if isinstance(value, bool) or not isinstance(value, (numbers.Real, tf.Tensor, np.ndarray)):
+    if isinstance(value, bool) or not isinstance(value, (numbers.Real, np.ndarray, tf.Tensor,
+                                                         tf.Variable)):
         raise TypeError(f"assumed_upstream must be a number, a scalar tensor or a function of the "
                         f"logits giving one, got {value!r}")
     tensor = tf.cast(value, tf.float32)

@@ -421,8 +421,8 @@ void Compute(void* kernel, TF_OpKernelContext* ctx) {
     }
   } else {
     if (Error e = AllocateOutput(ctx, problem, &out); !e.ok()) return FailKernel(ctx, e);
-    bool unused = false;
     if (early_gradient) {
+      bool unused = false;  // a forward op's early gradient never takes over the logits
       if (Error e = AllocateGradient(ctx, problem, kEarlyGradientOutput,
                                      /*forward_logits=*/false, &inputs, &gradient, &unused);
           !e.ok()) {
