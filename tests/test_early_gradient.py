@@ -257,6 +257,12 @@ def test_custom_loss_asks_for_no_early_gradient_where_the_upstream_is_unknown():
                                          logits)
     assert not _early_gradient_requested(
         tape_around(tf_metal_ops.CustomLoss(dtype="float64")), logits)
+    policy = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy("mixed_float16")  # fit() would scale the loss
+    try:
+        assert not _early_gradient_requested(tape_around(tf_metal_ops.CustomLoss()), logits)
+    finally:
+        keras.mixed_precision.set_global_policy(policy)
 
 
 def test_a_wrong_assumption_costs_time_not_accuracy():

@@ -164,8 +164,9 @@ class CustomLoss(keras.losses.Loss):
     ) -> Optional[Callable[[tf.Tensor], tf.Tensor]]:
         """The upstream gradient Keras's reduction will give each example's loss, when it is
         certain and a gradient may be taken: the op then computes the gradient early
-        (csrc/problem.h). None where sample weights, masks (ignore_class too) or replicas
-        rescale it, or where no gradient tape records (evaluation, prediction)."""
+        (csrc/problem.h). None where sample weights, masks (ignore_class too), replicas or
+        mixed_float16's loss scaling rescale it, or where no gradient tape records (evaluation,
+        prediction)."""
         if not early_gradients_enabled():
             return None
         if sample_weight is not None or self.ignore_class is not None:
@@ -174,6 +175,8 @@ class CustomLoss(keras.losses.Loss):
             return None
         if tf.distribute.get_strategy().num_replicas_in_sync != 1:
             return None
+        if keras.mixed_precision.global_policy().name == "mixed_float16":
+            return None  # compile() then scales the loss (LossScaleOptimizer): never 1 / N
         if self.reduction in _MEAN_REDUCTIONS:
             return _mean_upstream
         if self.reduction == "sum":
