@@ -346,3 +346,25 @@ def test_custom_loss_refuses_a_bad_assumed_upstream(value, error, words):
     labels, logits = _keras_inputs()
     with pytest.raises(error, match=words):
         tf_metal_ops.custom_loss(labels, logits, assumed_upstream=value)
+
+
+def test_assumed_upstream_of_compute_average_loss_is_handed_on():
+    labels, logits = _keras_inputs()
+    global_batch_size = 256  # as if four replicas shared the batch
+
+    @tf.function
+    def step(z):
+        upstream = tf.math.divide_no_nan(1.0, tf.cast(global_batch_size, tf.float32))
+        with tf.GradientTape() as tape:
+            tape.watch(z)
+            per_example = tf_metal_ops.custom_loss(labels, z, label_smoothing=0.1,
+                                                   assumed_upstream=upstream)
+            loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch_size)
+        return tape.gradient(loss, z)
+
+    before = tf_metal_ops.early_gradient_info()
+    got = step(logits)
+    assert tf_metal_ops.early_gradient_info()["handed_on"] == before["handed_on"] + 1
+    want = gradient(logits, labels, NO_WEIGHTS, tf.fill([64], np.float32(1 / 256)),
+                    label_smoothing=0.1)
+    _assert_same_bits(got, want, "compute_average_loss")
