@@ -9,8 +9,10 @@ Checked here: the early gradient is, bit for bit, what the gradient op computes 
 inputs and the forward's row statistics, over every loss mode, storage type, label kind, class
 weights and class counts on both sides of the row-group limits (here and on the baseline
 instruction set); the gradient op hands it on only when the upstream matches exactly (a fake
-early gradient shows which path ran); CustomLoss asks for it exactly when its assumption can hold,
-and its gradients (fit included) are the same bit for bit with the early gradient on and off.
+early gradient shows which path ran), and computes where the forward was asked but made none
+(empty batch, float64); CustomLoss asks for it exactly when its assumption can hold, and its
+gradients (fit included) are the same bit for bit with the early gradient on and off;
+custom_loss's assumed_upstream serves a loop of one's own (tf.nn.compute_average_loss).
 """
 
 from __future__ import annotations
