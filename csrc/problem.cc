@@ -197,51 +197,50 @@ Error DescribeProblem(TF_OpKernelContext* ctx, const CustomLossAttrs& attrs,
                                   &problem->wants_early_gradient);
   }
 
-  if (attrs.direction == Direction::kGradient) {
-    const std::vector<int64_t> upstream_dims = Dims(inputs->upstream.get());
-    if (upstream_dims != problem->row_dims) {
-      return Error::InvalidArgument(op + ": the upstream gradient must have shape " +
-                                    ShapeString(problem->row_dims) + " (logits.shape[:-1]); got " +
-                                    ShapeString(upstream_dims) + " with logits shape " +
-                                    ShapeString(logits_dims));
-    }
-    const std::vector<int64_t> stats_dims = Dims(inputs->row_stats.get());
-    const std::vector<int64_t> full = {problem->num_rows, kRowStatsWidth};
-    const std::vector<int64_t> none = {0, kRowStatsWidth};
-    if (stats_dims != full && stats_dims != none) {
-      return Error::InvalidArgument(op + ": row_stats must have shape " + ShapeString(full) +
-                                    " (the forward op's second output for these logits) or " +
-                                    ShapeString(none) + " (none); got " +
-                                    ShapeString(stats_dims) + " with logits shape " +
-                                    ShapeString(logits_dims));
-    }
-    problem->has_row_stats = problem->num_rows > 0 && stats_dims == full;
-
-    bool has_upstream = false;
-    if (Error e = check_assumed_upstream(inputs->early_gradient_upstream.get(),
-                                         "early_gradient_upstream", &has_upstream);
-        !e.ok()) {
-      return e;
-    }
-    const std::vector<int64_t> early_dims = Dims(inputs->early_gradient.get());
-    const bool has_gradient = early_dims == logits_dims;
-    if (!has_gradient && early_dims != std::vector<int64_t>{0}) {
-      return Error::InvalidArgument(op + ": early_gradient must have the logits' shape " +
-                                    ShapeString(logits_dims) + " (the forward op's third "
-                                    "output) or shape [0] (none); got " +
-                                    ShapeString(early_dims));
-    }
-    // An upstream without a gradient is what a forward op that was asked but made none (the
-    // float64 and Metal kernels, an empty batch) hands over: the gradient is then computed.
-    if (has_gradient && !has_upstream) {
-      return Error::InvalidArgument(
-          op + ": an early_gradient needs the early_gradient_upstream it was made for (the "
-               "forward op's gradient_upstream input, a scalar); got early_gradient shape " +
-          ShapeString(early_dims) + " and early_gradient_upstream shape " +
-          ShapeString(Dims(inputs->early_gradient_upstream.get())));
-    }
-    problem->has_early_gradient = problem->num_rows > 0 && has_gradient;
+  // The gradient op's own inputs.
+  const std::vector<int64_t> upstream_dims = Dims(inputs->upstream.get());
+  if (upstream_dims != problem->row_dims) {
+    return Error::InvalidArgument(op + ": the upstream gradient must have shape " +
+                                  ShapeString(problem->row_dims) + " (logits.shape[:-1]); got " +
+                                  ShapeString(upstream_dims) + " with logits shape " +
+                                  ShapeString(logits_dims));
   }
+  const std::vector<int64_t> stats_dims = Dims(inputs->row_stats.get());
+  const std::vector<int64_t> full = {problem->num_rows, kRowStatsWidth};
+  const std::vector<int64_t> none = {0, kRowStatsWidth};
+  if (stats_dims != full && stats_dims != none) {
+    return Error::InvalidArgument(op + ": row_stats must have shape " + ShapeString(full) +
+                                  " (the forward op's second output for these logits) or " +
+                                  ShapeString(none) + " (none); got " +
+                                  ShapeString(stats_dims) + " with logits shape " +
+                                  ShapeString(logits_dims));
+  }
+  problem->has_row_stats = problem->num_rows > 0 && stats_dims == full;
+
+  bool has_upstream = false;
+  if (Error e = check_assumed_upstream(inputs->early_gradient_upstream.get(),
+                                       "early_gradient_upstream", &has_upstream);
+      !e.ok()) {
+    return e;
+  }
+  const std::vector<int64_t> early_dims = Dims(inputs->early_gradient.get());
+  const bool has_gradient = early_dims == logits_dims;
+  if (!has_gradient && early_dims != std::vector<int64_t>{0}) {
+    return Error::InvalidArgument(op + ": early_gradient must have the logits' shape " +
+                                  ShapeString(logits_dims) + " (the forward op's third "
+                                  "output) or shape [0] (none); got " +
+                                  ShapeString(early_dims));
+  }
+  // An upstream without a gradient is what a forward op that was asked but made none (the
+  // float64 and Metal kernels, an empty batch) hands over: the gradient is then computed.
+  if (has_gradient && !has_upstream) {
+    return Error::InvalidArgument(
+        op + ": an early_gradient needs the early_gradient_upstream it was made for (the "
+             "forward op's gradient_upstream input, a scalar); got early_gradient shape " +
+        ShapeString(early_dims) + " and early_gradient_upstream shape " +
+        ShapeString(Dims(inputs->early_gradient_upstream.get())));
+  }
+  problem->has_early_gradient = problem->num_rows > 0 && has_gradient;
   return Error::Ok();
 }
 

@@ -580,20 +580,22 @@ void ComputeRowsTyped(const RowsArgs& args, int64_t begin, int64_t end) {
 
   RowKernel<T, std::conditional_t<kDense, DenseWeights<T>, SparseWeights>> kernel{args,
                                                                                   num_classes};
-  T* early_gradient_rows = static_cast<T*>(args.early_gradient);  // null unless early_gradient
+  // The gradient rows: the gradient op's output, or the forward's early gradient (null when
+  // the forward writes none).
+  T* gradient_rows = forward ? static_cast<T*>(args.early_gradient) : out;
   for (int64_t row = begin; row < end; ++row) {
     const T* z = logits + row * num_classes;
+    T* grad = gradient_rows != nullptr ? gradient_rows + row * num_classes : nullptr;
     int64_t label = -1;
     if constexpr (!kDense) {
       label = ReadLabelAt<Label>(args.labels, row);
       if (args.has_ignore_class && label == args.ignore_class) {
-        T* zero_gradient = forward ? early_gradient_rows : out;
         if (forward) {
           Store(0.0f, &out[row]);
           if (args.stats_out != nullptr) WriteRowStats(args.stats_out, row, 0.0f, 0.0f, 0.0f);
         }
-        if (zero_gradient != nullptr) {
-          std::memset(static_cast<void*>(zero_gradient + row * num_classes), 0,
+        if (grad != nullptr) {
+          std::memset(static_cast<void*>(grad), 0,
                       sizeof(T) * static_cast<size_t>(num_classes));  // +0 in every type
         }
         continue;
@@ -612,10 +614,8 @@ void ComputeRowsTyped(const RowsArgs& args, int64_t begin, int64_t end) {
       w_y = weights.ClassWeight(label) * (args.smoothing_share + args.target_share);
       if (only_labelled) labelled_only = label;
     }
-    // The gradient row, and where e_c is kept: float gradients keep it in the gradient row
-    // itself, which the last pass turns into grad_c.
-    T* grad = forward ? (early_gradient ? early_gradient_rows + row * num_classes : nullptr)
-                      : out + row * num_classes;
+    // Where e_c is kept: float gradients keep it in the gradient row itself, which the last
+    // pass turns into grad_c.
     float* e = e_buffer;
     if constexpr (std::is_same_v<T, float>) {
       if (grad != nullptr && !args.in_place) e = grad;
