@@ -39,11 +39,59 @@
 #error "include simd_vector.h (with TF_METAL_OPS_SIMD_LANES) before simd_rows.h"
 #endif
 
+// A row's sums (the softmax's `others`, the loss, G, a dense row's weights) have up to C terms.
+// Added up in float lane by lane, their rounding error grows with C / kLanes; worse, where one
+// lane holds a large term (the labelled class's weight 0.9 beside 0.1 / C for each smoothed
+// class), the many small terms added to it all round the same way: G was 1e-4 off at
+// C = 32000. So a LaneSum keeps only the last kFoldVectors vectors of terms in float and folds
+// them into double lanes: the error is that of kFoldVectors float additions plus one final
+// rounding, whatever C (tests/test_vocabulary_scale.py). Folding costs two conversions and two
+// additions per kFoldVectors vectors of terms, each of which took an Exp or more to make.
+constexpr int kFoldVectors = 8;
+typedef double VD __attribute__((vector_size(kLanes * 8)));
+
+struct LaneSum {
+  VF part;
+  VD folded;
+  static TMO_SIMD_INLINE LaneSum Zero() { return {Splat(0.0f), VD{}}; }
+  TMO_SIMD_INLINE void operator+=(VF terms) { part += terms; }
+  TMO_SIMD_INLINE void Fold() {
+    folded += __builtin_convertvector(part, VD);
+    part = Splat(0.0f);
+  }
+  // Lane by lane (one row per lane in simd_row_groups.h), each rounded once to float.
+  TMO_SIMD_INLINE VF Lanes() const {
+    return __builtin_convertvector(folded + __builtin_convertvector(part, VD), VF);
+  }
+  // All lanes, summed in double and rounded once (ReduceAdd's pairwise tree).
+  TMO_SIMD_INLINE float Total() const {
+    const VD all = folded + __builtin_convertvector(part, VD);
+    double lanes[kLanes];
+    std::memcpy(lanes, &all, sizeof(all));
+    for (int width = kLanes / 2; width > 0; width /= 2) {
+      for (int i = 0; i < width; ++i) lanes[i] += lanes[i + width];
+    }
+    return static_cast<float>(lanes[0]);
+  }
+};
+
+// Ops that sum (they have a Fold() for their LaneSum) are folded every kFoldVectors vectors.
+template <typename Op, typename = void>
+struct Sums : std::false_type {};
+template <typename Op>
+struct Sums<Op, std::void_t<decltype(std::declval<Op&>().Fold())>> : std::true_type {};
+
 // A row is walked as full vectors plus one shorter tail: Op::Block<true> for the full ones (no
 // tail test inside the main loop), Op::Block<false> once for the last num_classes % kLanes.
 template <typename Op>
 TMO_SIMD_INLINE void ForEachBlock(int64_t num_classes, Op& op) {
   int64_t c = 0;
+  if constexpr (Sums<Op>::value) {
+    while (c + kFoldVectors * kLanes <= num_classes) {
+      for (int k = 0; k < kFoldVectors; ++k, c += kLanes) op.template Block<true>(c, kLanes);
+      op.Fold();
+    }
+  }
   for (; c + kLanes <= num_classes; c += kLanes) op.template Block<true>(c, kLanes);
   if (c < num_classes) op.template Block<false>(c, num_classes - c);
 }
@@ -107,16 +155,17 @@ struct DenseWeights {
   }
   struct SumOp {
     const DenseWeights* weights;
-    VF sum;
+    LaneSum sum;
     template <bool kFull>
     TMO_SIMD_INLINE void Block(int64_t c, int64_t n) {
       sum += weights->template Get<kFull>(c, n);
     }
+    TMO_SIMD_INLINE void Fold() { sum.Fold(); }
   };
   float Sum(int64_t num_classes) const {
-    SumOp op{this, Splat(0.0f)};
+    SumOp op{this, LaneSum::Zero()};
     ForEachBlock(num_classes, op);
-    return ReduceAdd(op.sum);
+    return op.sum.Total();
   }
 };
 
@@ -176,8 +225,9 @@ struct ExpSumOp {
   float* e_out;
   const T* next_z;
   VF max;
-  VF others;
+  LaneSum others;
   VI ties;
+  TMO_SIMD_INLINE void Fold() { others.Fold(); }
   template <bool kFull>
   TMO_SIMD_INLINE void Block(int64_t c, int64_t n) {
     __builtin_prefetch(next_z + c, /*rw=*/0, /*locality=*/2);
@@ -197,9 +247,9 @@ struct ExpSumOp {
 
 template <bool kStoreE, typename T>
 TMO_SIMD_INLINE RowSoftmax RowExpSum(const T* z, int64_t num_classes, float max, float* e_out) {
-  ExpSumOp<kStoreE, T> op{z, e_out, z + num_classes, Splat(max), Splat(0.0f), SplatI(0)};
+  ExpSumOp<kStoreE, T> op{z, e_out, z + num_classes, Splat(max), LaneSum::Zero(), SplatI(0)};
   ForEachBlock(num_classes, op);
-  const float others_sum = ReduceAdd(op.others);
+  const float others_sum = op.others.Total();
   const float ties_sum = ReduceAdd(__builtin_convertvector(op.ties, VF));
   RowSoftmax softmax;
   softmax.max = max;
@@ -280,7 +330,8 @@ struct LossOp {
   const Weights* weights;
   float gamma;
   VF max, log_sum, inv_sum;
-  VF sum;
+  LaneSum sum;
+  TMO_SIMD_INLINE void Fold() { sum.Fold(); }
   template <bool kFull>
   TMO_SIMD_INLINE void Block(int64_t c, int64_t n) {
     const VF w = weights->template Get<kFull>(c, n);
@@ -312,10 +363,10 @@ struct SoftmaxLanes {
 };
 
 template <bool kFocal, GammaKind kGamma, typename T, typename Weights>
-TMO_SIMD_INLINE VF LossTermsOf(const T* z, const Weights& weights, const SoftmaxLanes& sm,
-                               const float* e, float gamma, int64_t length) {
-  LossOp<kFocal, kGamma, T, Weights> op{z,          e,          &weights,   gamma,
-                                        sm.max,     sm.log_sum, sm.inv_sum, Splat(0.0f)};
+TMO_SIMD_INLINE LaneSum LossTermsOf(const T* z, const Weights& weights, const SoftmaxLanes& sm,
+                                    const float* e, float gamma, int64_t length) {
+  LossOp<kFocal, kGamma, T, Weights> op{z,      e,          &weights,   gamma,
+                                        sm.max, sm.log_sum, sm.inv_sum, LaneSum::Zero()};
   ForEachBlock(length, op);
   return op.sum;
 }
@@ -323,7 +374,7 @@ TMO_SIMD_INLINE VF LossTermsOf(const T* z, const Weights& weights, const Softmax
 // sum_{c: w_c != 0} w_c r_c^gamma lp_c lane by lane, over `length` elements: a row's loss is
 // 0 - the sum of the lanes. `e` holds pass 2's e_c when gamma > 0.
 template <typename T, typename Weights>
-VF LossTerms(const T* z, const Weights& weights, const SoftmaxLanes& sm, const float* e,
+LaneSum LossTerms(const T* z, const Weights& weights, const SoftmaxLanes& sm, const float* e,
              float gamma, int64_t length) {
   if (gamma == 0.0f) return LossTermsOf<false, GammaKind::kOne>(z, weights, sm, e, gamma, length);
   switch (KindOf(gamma)) {
@@ -373,7 +424,8 @@ struct FocalFactorOp {
   float* g;
   float gamma;
   VF max, log_sum, inv_sum;
-  VF total;
+  LaneSum total;
+  TMO_SIMD_INLINE void Fold() { total.Fold(); }
   template <bool kFull>
   TMO_SIMD_INLINE void Block(int64_t c, int64_t n) {
     const VF w = weights->template Get<kFull>(c, n);
@@ -396,10 +448,11 @@ struct FocalFactorOp {
 };
 
 template <GammaKind kGamma, typename T, typename Weights>
-TMO_SIMD_INLINE VF FocalFactorTermsOf(const T* z, const Weights& weights, const SoftmaxLanes& sm,
-                                      const float* e, float* g, float gamma, int64_t length) {
-  FocalFactorOp<kGamma, T, Weights> op{z,      e,          &weights,   g,          gamma,
-                                       sm.max, sm.log_sum, sm.inv_sum, Splat(0.0f)};
+TMO_SIMD_INLINE LaneSum FocalFactorTermsOf(const T* z, const Weights& weights,
+                                           const SoftmaxLanes& sm, const float* e, float* g,
+                                           float gamma, int64_t length) {
+  FocalFactorOp<kGamma, T, Weights> op{z,      e,          &weights,   g,         gamma,
+                                       sm.max, sm.log_sum, sm.inv_sum, LaneSum::Zero()};
   ForEachBlock(length, op);
   return op.total;
 }
@@ -407,7 +460,7 @@ TMO_SIMD_INLINE VF FocalFactorTermsOf(const T* z, const Weights& weights, const 
 // g_c into `g` over `length` elements (gamma > 0), and their sums lane by lane: a row's G is
 // the sum of the lanes.
 template <typename T, typename Weights>
-VF FocalFactorTerms(const T* z, const Weights& weights, const SoftmaxLanes& sm, const float* e,
+LaneSum FocalFactorTerms(const T* z, const Weights& weights, const SoftmaxLanes& sm, const float* e,
                     float* g, float gamma, int64_t length) {
   switch (KindOf(gamma)) {
     case GammaKind::kOne:
@@ -441,8 +494,7 @@ struct RowKernel {
 
   float Loss(const T* z, const Weights& weights, const RowSoftmax& sm, const float* e) const {
     // 0 - x: a zero loss is +0
-    return 0.0f -
-           ReduceAdd(LossTerms(z, weights, SoftmaxLanes::Of(sm), e, args.gamma, num_classes));
+    return 0.0f - LossTerms(z, weights, SoftmaxLanes::Of(sm), e, args.gamma, num_classes).Total();
   }
 
   // Gradient of a sparse, unsmoothed row: only the label carries weight, G = g_y, and
@@ -469,8 +521,8 @@ struct RowKernel {
   // Gradient of a general focal row: g_c into `g`, G = sum, then d/dz_j = p_j G - g_j.
   void GradientFocal(const T* z, const Weights& weights, const RowSoftmax& sm, const float* e,
                      float* g, float upstream, T* grad) const {
-    const float total = ReduceAdd(
-        FocalFactorTerms(z, weights, SoftmaxLanes::Of(sm), e, g, args.gamma, num_classes));
+    const float total =
+        FocalFactorTerms(z, weights, SoftmaxLanes::Of(sm), e, g, args.gamma, num_classes).Total();
     FocalGradOp<T> grads{e, g, grad, Splat(sm.inv_sum), Splat(total), Splat(upstream)};
     ForEachBlock(num_classes, grads);
   }
