@@ -171,6 +171,37 @@ inline float gradient_value(GradientParts t, float big_g) {
   return t.p * (big_g - t.g) - t.g * t.r;
 }
 
+// ---- a thread's running sums -----------------------------------------------------------------
+// Each thread of a row adds up C / threads terms (256 at C = 262144 with 1024 threads). Added
+// plainly, the error grows with that count, and where one thread holds a large term (the
+// labelled class's weight beside the smoothed classes' eps / C each) the small terms added to it
+// all round the same way. Neumaier's compensated sum carries each addition's rounding error
+// apart, so a thread's sum is accurate to about an ulp whatever C; the reductions across threads
+// that follow are trees of depth log2(threads), whose error does not grow with C either.
+struct CompensatedSum {
+  float sum;
+  float carry;  // the rounding errors of the additions so far
+};
+
+inline CompensatedSum compensated_zero() {
+  CompensatedSum s;
+  s.sum = 0.0f;
+  s.carry = 0.0f;
+  return s;
+}
+
+inline void compensated_add(thread CompensatedSum& s, float x) {
+  const float t = s.sum + x;
+  // The exact error of t = sum + x, from the larger operand (fast two-sum).
+  s.carry += fabs(s.sum) >= fabs(x) ? (s.sum - t) + x : (x - t) + s.sum;
+  s.sum = t;
+}
+
+// An infinite or NaN sum is the answer itself: its carry would be inf - inf = NaN.
+inline float compensated_value(CompensatedSum s) {
+  return isfinite(s.sum) ? s.sum + s.carry : s.sum;
+}
+
 // ---- log-sum-exp state ------------------------------------------------------------------------
 
 struct LogSumExp {
@@ -187,16 +218,40 @@ inline LogSumExp lse_empty() {
   return s;
 }
 
-inline void lse_add(thread LogSumExp& s, float z) {
+// One thread's log-sum-exp state while it walks its classes: `others` summed compensated.
+struct LogSumExpPartial {
+  float max;
+  float ties;
+  CompensatedSum others;
+};
+
+inline LogSumExpPartial lse_partial_empty() {
+  LogSumExpPartial s;
+  s.max = TFMO_LOWEST_FINITE;
+  s.ties = 0.0f;
+  s.others = compensated_zero();
+  return s;
+}
+
+inline void lse_add(thread LogSumExpPartial& s, float z) {
   if (z > s.max) {  // the old maximum and its ties move into `others`, rescaled to the new one
-    s.others = (s.others + s.ties) * precise::exp(s.max - z);
+    s.others.sum = (compensated_value(s.others) + s.ties) * precise::exp(s.max - z);
+    s.others.carry = 0.0f;
     s.ties = 1.0f;
     s.max = z;
   } else if (z == s.max) {
     s.ties += 1.0f;
   } else {
-    s.others += precise::exp(z - s.max);
+    compensated_add(s.others, precise::exp(z - s.max));
   }
+}
+
+inline LogSumExp lse_settle(LogSumExpPartial s) {
+  LogSumExp out;
+  out.max = s.max;
+  out.ties = s.ties;
+  out.others = compensated_value(s.others);
+  return out;
 }
 
 // Commutative (bitwise: a + b == b + a), which the butterflies rely on.
@@ -388,9 +443,9 @@ inline void process_row(const device T* logits, const device LabelT* labels,
   }
 
   // Pass 1: log-sum-exp of the row.
-  LogSumExp partial = lse_empty();
+  LogSumExpPartial partial = lse_partial_empty();
   for (uint c = first; c < num_classes; c += stride) lse_add(partial, float(logits[base + c]));
-  const RowLogSoftmax ls = lse_finish(reduce.lse(partial));
+  const RowLogSoftmax ls = lse_finish(reduce.lse(lse_settle(partial)));
   const float gamma = params.gamma;
 
   // Pass 2: the row's sum: -loss = sum_c w_c r_c^gamma lp_c (forward) or G = sum_c g_c.
@@ -401,14 +456,14 @@ inline void process_row(const device T* logits, const device LabelT* labels,
     const float lp = log_prob(ls, float(logits[base + y]));
     total = kGradient ? gradient_term(lp, w, gamma) : loss_term(lp, w, gamma);
   } else {
-    float acc = 0.0f;
+    CompensatedSum acc = compensated_zero();
     for (uint c = first; c < num_classes; c += stride) {
       const float w = class_weight<LabelT, kDense>(labels, base, label, c, class_weights, params);
       if (w == 0.0f) continue;
       const float lp = log_prob(ls, float(logits[base + c]));
-      acc += kGradient ? gradient_term(lp, w, gamma) : loss_term(lp, w, gamma);
+      compensated_add(acc, kGradient ? gradient_term(lp, w, gamma) : loss_term(lp, w, gamma));
     }
-    total = reduce.sum(acc);
+    total = reduce.sum(compensated_value(acc));
   }
 
   if (!kGradient) {
