@@ -6,8 +6,9 @@ step produces it) are compared with `tf_metal_ops.reference` in float64, evaluat
 the values the op saw (logits, dense targets and upstream gradient rounded to the dtype first),
 so the only differences left are the op's own rounding. With a GPU, the GPU is also compared
 with the CPU. The cases cover what breaks loss kernels: C = 1, odd and large C, masked (-inf)
-classes, extreme logits, confident rows with gamma < 1, soft targets, ignored rows, leading
-dims, an empty batch and a NaN row (which must stay NaN on that row only).
+classes, vocabulary sizes (C up to 262144), extreme logits, confident rows with gamma < 1, soft
+targets, ignored rows, leading dims, an empty batch and a NaN row (which must stay NaN on that
+row only).
 """
 
 from __future__ import annotations
@@ -67,6 +68,14 @@ CASES: tuple[Case, ...] = (
     Case("odd C=33, focal + smoothing", (7,), 33, gamma=2.0, label_smoothing=0.1, quick=True),
     Case("C=1000", (16,), 1000, gamma=2.0, label_smoothing=0.1),
     Case("large C=50257", (3,), 50257, label_smoothing=0.1, quick=True),
+    # Vocabulary sizes, where every class carries weight: the row sums' error must not grow
+    # with C (tests/test_vocabulary_scale.py holds the float32 bar).
+    Case("vocabulary C=32000, class weights + smoothing", (2,), 32000, label_smoothing=0.1,
+         class_weights=True),
+    Case("vocabulary C=131072, focal + smoothing", (2,), 131072, gamma=2.0,
+         label_smoothing=0.1),
+    Case("vocabulary C=262144, dense soft targets", (2,), 262144, labels="dense", gamma=1.0,
+         label_smoothing=0.1),
     Case("masked classes (-inf)", (8,), 12, gamma=2.0, label_smoothing=0.0, logits="masked",
          quick=True),
     Case("extreme logits (|z| ~ 1e4)", (8,), 17, gamma=3.7, label_smoothing=0.1,
