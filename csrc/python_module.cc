@@ -102,7 +102,7 @@ PYBIND11_MODULE(_tf_metal_ops, m) {
     return info;
   });
 
-  // ---- Benchmark support (issue 5, owned by the CPU-performance work in csrc/cpu/) ----------
+  // ---- Benchmark support (python -m tf_metal_ops bench; the kernels are in csrc/cpu/) --------
   // Which vectorized variant the CPU kernels picked for this machine ("avx2" or "portable").
   m.def("cpu_kernel_isa", [] { return std::string(tmo::SelectedRowsIsa()); });
   // One pass of the memory floor (csrc/cpu/memory_floor.h) over a C-contiguous float32 matrix:

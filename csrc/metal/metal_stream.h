@@ -2,8 +2,10 @@
 //
 // Objective-C++ (include from .mm files only). tensorflow-metal ships no header for its stream:
 // TF_GetStream returns an Objective-C object that answers the four messages below (Apple's WWDC22
-// session 10063 and its custom-op sample declare the same protocol). The contract, summarized from
-// /work/shared/metal-notes.md, is what the encoder in custom_loss_metal.mm relies on:
+// session 10063, "Accelerate machine learning with Metal", and its sample "Customizing a
+// TensorFlow operation" declare the same protocol). The contract, as those sources describe it
+// and as the tensorflow-metal 1.1 and 1.2 wheels behave, is what the encoder in
+// custom_loss_metal.mm relies on:
 //   - encode only inside dispatch_sync([stream queue], ...): the queue is serial and owns the
 //     command buffer; a nested dispatch_sync onto it deadlocks;
 //   - [stream currentCommandBuffer] is created lazily and replaced after a real commit: use it
