@@ -1,4 +1,4 @@
-"""`python -m tf_metal_ops` / `tf-metal-ops`: info, check, demo.
+"""`python -m tf_metal_ops` / `tf-metal-ops`: info, check, demo, bench.
 
     tf-metal-ops info [--json]        versions, devices, registered kernels, native build
     tf-metal-ops check [--quick] [--json] [--dtype D[,D...]]
@@ -6,6 +6,9 @@
                                       NumPy reference
     tf-metal-ops demo [--epochs N] [--plot out.png] [--seed S]
                                       train a small CNN on scikit-learn's 8x8 digits
+    tf-metal-ops bench [--quick] [--json] [--sizes NxC,...] ...
+                                      CPU timings against TensorFlow's and Keras's losses
+                                      (tf_metal_ops/bench.py)
 
 Exit codes (also in `--help`):
     0  success
@@ -278,5 +281,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def console_main() -> None:
-    """Entry point of the `tf-metal-ops` console script."""
+    """Entry point of `python -m tf_metal_ops` (the `tf-metal-ops` console script calls `main`,
+    whose return value its generated wrapper passes to `sys.exit`)."""
     sys.exit(main())
