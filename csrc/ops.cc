@@ -46,7 +46,7 @@ void InferShape(TF_ShapeInferenceContext* ctx, TF_Status* status, bool keep_clas
 }
 
 void InferLossShape(TF_ShapeInferenceContext* ctx, TF_Status* status) {
-  // Every output unknown first: the early gradient (problem.h) is the logits' shape or [0],
+  // Every output unknown first: the scaled gradient (problem.h) is the logits' shape or [0],
   // which is decided at run time, so it stays unknown.
   TF_ShapeInferenceContextSetUnknownShape(ctx, status);
   if (TF_GetCode(status) != TF_OK) return;
@@ -92,10 +92,10 @@ void Register(TF_OpDefinitionBuilder* builder, const char* name) {
 void RegisterOps() {
   TF_OpDefinitionBuilder* forward = TF_NewOpDefinitionBuilder(kForwardOpName);
   AddCommonSignature(forward);
-  TF_OpDefinitionBuilderAddInput(forward, "gradient_upstream: float");
+  TF_OpDefinitionBuilderAddInput(forward, "row_scales: float");
   TF_OpDefinitionBuilderAddOutput(forward, "loss: T");
   TF_OpDefinitionBuilderAddOutput(forward, "row_stats: float");
-  TF_OpDefinitionBuilderAddOutput(forward, "early_gradient: T");
+  TF_OpDefinitionBuilderAddOutput(forward, "scaled_gradient: T");
   TF_OpDefinitionBuilderSetShapeInferenceFunction(forward, &InferLossShape);
   Register(forward, kForwardOpName);
 
@@ -103,8 +103,6 @@ void RegisterOps() {
   AddCommonSignature(gradient);
   TF_OpDefinitionBuilderAddInput(gradient, "upstream: T");
   TF_OpDefinitionBuilderAddInput(gradient, "row_stats: float");
-  TF_OpDefinitionBuilderAddInput(gradient, "early_gradient: T");
-  TF_OpDefinitionBuilderAddInput(gradient, "early_gradient_upstream: float");
   TF_OpDefinitionBuilderAddOutput(gradient, "grad_logits: T");
   TF_OpDefinitionBuilderSetShapeInferenceFunction(gradient, &InferGradientShape);
   Register(gradient, kGradientOpName);

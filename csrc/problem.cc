@@ -126,12 +126,7 @@ Error DescribeProblem(TF_OpKernelContext* ctx, const CustomLossAttrs& attrs,
   if (attrs.direction == Direction::kGradient) {
     if (Error e = GetInput(ctx, kUpstream, &inputs->upstream); !e.ok()) return e;
     if (Error e = GetInput(ctx, kRowStats, &inputs->row_stats); !e.ok()) return e;
-    if (Error e = GetInput(ctx, kEarlyGradient, &inputs->early_gradient); !e.ok()) return e;
-    if (Error e = GetInput(ctx, kEarlyGradientUpstream, &inputs->early_gradient_upstream);
-        !e.ok()) {
-      return e;
-    }
-  } else if (Error e = GetInput(ctx, kGradientUpstream, &inputs->gradient_upstream); !e.ok()) {
+  } else if (Error e = GetInput(ctx, kRowScales, &inputs->row_scales); !e.ok()) {
     return e;
   }
 
@@ -180,21 +175,17 @@ Error DescribeProblem(TF_OpKernelContext* ctx, const CustomLossAttrs& attrs,
   }
   problem->has_class_weights = weight_dims[0] != 0;
 
-  // The assumed upstream of an early gradient (problem.h): a scalar, or [0] for none.
-  const auto check_assumed_upstream = [&](const TF_Tensor* tensor, const char* name,
-                                          bool* given) {
-    const std::vector<int64_t> dims = Dims(tensor);
-    if (!dims.empty() && dims != std::vector<int64_t>{0}) {
-      return Error::InvalidArgument(op + ": " + name + " must be a scalar (the upstream "
-                                    "gradient an early gradient assumes) or have shape [0] "
-                                    "(none); got shape " + ShapeString(dims));
-    }
-    *given = dims.empty();
-    return Error::Ok();
-  };
   if (attrs.direction == Direction::kForward) {
-    return check_assumed_upstream(inputs->gradient_upstream.get(), "gradient_upstream",
-                                  &problem->wants_early_gradient);
+    // A reduced loss's row scales (problem.h): one per row, or [0] for none.
+    const std::vector<int64_t> scale_dims = Dims(inputs->row_scales.get());
+    if (scale_dims != problem->row_dims && scale_dims != std::vector<int64_t>{0}) {
+      return Error::InvalidArgument(op + ": row_scales must have shape " +
+                                    ShapeString(problem->row_dims) + " (logits.shape[:-1]) or "
+                                    "[0] (none); got " + ShapeString(scale_dims) +
+                                    " with logits shape " + ShapeString(logits_dims));
+    }
+    problem->has_row_scales = problem->num_rows > 0 && scale_dims == problem->row_dims;
+    return Error::Ok();
   }
 
   // The gradient op's own inputs.
@@ -216,31 +207,6 @@ Error DescribeProblem(TF_OpKernelContext* ctx, const CustomLossAttrs& attrs,
                                   ShapeString(logits_dims));
   }
   problem->has_row_stats = problem->num_rows > 0 && stats_dims == full;
-
-  bool has_upstream = false;
-  if (Error e = check_assumed_upstream(inputs->early_gradient_upstream.get(),
-                                       "early_gradient_upstream", &has_upstream);
-      !e.ok()) {
-    return e;
-  }
-  const std::vector<int64_t> early_dims = Dims(inputs->early_gradient.get());
-  const bool has_gradient = early_dims == logits_dims;
-  if (!has_gradient && early_dims != std::vector<int64_t>{0}) {
-    return Error::InvalidArgument(op + ": early_gradient must have the logits' shape " +
-                                  ShapeString(logits_dims) + " (the forward op's third "
-                                  "output) or shape [0] (none); got " +
-                                  ShapeString(early_dims));
-  }
-  // An upstream without a gradient is what a forward op that was asked but made none (the
-  // float64 and Metal kernels, an empty batch) hands over: the gradient is then computed.
-  if (has_gradient && !has_upstream) {
-    return Error::InvalidArgument(
-        op + ": an early_gradient needs the early_gradient_upstream it was made for (the "
-             "forward op's gradient_upstream input, a scalar); got early_gradient shape " +
-        ShapeString(early_dims) + " and early_gradient_upstream shape " +
-        ShapeString(Dims(inputs->early_gradient_upstream.get())));
-  }
-  problem->has_early_gradient = problem->num_rows > 0 && has_gradient;
   return Error::Ok();
 }
 
@@ -285,12 +251,12 @@ Error AllocateRowStats(TF_OpKernelContext* ctx, const CustomLossProblem& problem
   return FromStatus(status.get(), OpDescription(problem.attrs) + ": allocating row_stats");
 }
 
-Error AllocateNoEarlyGradient(TF_OpKernelContext* ctx, const CustomLossProblem& problem) {
+Error AllocateNoScaledGradient(TF_OpKernelContext* ctx, const CustomLossProblem& problem) {
   const int64_t dims[] = {0};
   StatusPtr status = NewStatus();
-  TensorPtr none(TF_AllocateOutput(ctx, kEarlyGradientOutput, problem.attrs.logits_dtype, dims, 1,
-                                   0, status.get()));
-  return FromStatus(status.get(), OpDescription(problem.attrs) + ": allocating early_gradient");
+  TensorPtr none(TF_AllocateOutput(ctx, kScaledGradientOutput, problem.attrs.logits_dtype, dims,
+                                   1, 0, status.get()));
+  return FromStatus(status.get(), OpDescription(problem.attrs) + ": allocating scaled_gradient");
 }
 
 }  // namespace tf_metal_ops

@@ -23,16 +23,14 @@ enum InputIndex : int {
   kLogits = 0,
   kLabels = 1,
   kClassWeights = 2,
-  kGradientUpstream = 3,       // forward op: the upstream its early gradient assumes
-  kUpstream = 3,               // gradient op
-  kRowStats = 4,               // gradient op
-  kEarlyGradient = 5,          // gradient op: the forward op's early gradient
-  kEarlyGradientUpstream = 6,  // gradient op: the upstream the forward op assumed for it
+  kRowScales = 3,  // forward op: the per-row scales of a reduced loss's gradient
+  kUpstream = 3,   // gradient op
+  kRowStats = 4,   // gradient op
 };
 enum OutputIndex : int {
   kOutput = 0,
-  kRowStatsOutput = 1,       // forward op only
-  kEarlyGradientOutput = 2,  // forward op only
+  kRowStatsOutput = 1,        // forward op only
+  kScaledGradientOutput = 2,  // forward op only
 };
 
 // Row statistics: the forward op's second output and the gradient op's last input, float32
@@ -48,17 +46,15 @@ enum OutputIndex : int {
 // the gradient then computes them itself.
 inline constexpr int64_t kRowStatsWidth = 3;
 
-// The early gradient: a forward op given `gradient_upstream`, a float32 scalar u, also writes
-// u * d loss_i / d z_i for every row as its third output (the logits' shape and dtype), while
-// each row's softmax is at hand, so a training step computes exp(z - max) once per element
-// instead of once in each op. Given `gradient_upstream` of shape [0] (the default), or where a
-// backend does not make it (the float64 CPU kernel, the Metal kernels for now), that output is
-// [0]. The gradient op receives the early gradient and u as its last two inputs; when every
-// element of its upstream equals u (bit for bit), it returns the early gradient itself, with no
-// pass over the logits; otherwise it computes as usual. Both give the same values bit for bit,
-// because the early gradient comes from the same row code with the same upstream. Keras reduces
-// a loss with "sum_over_batch_size" to sum / N, whose upstream is exactly 1 / N in every row:
-// CustomLoss assumes that (tf_metal_ops/losses.py) while a gradient tape records.
+// The scaled gradient of a reduced loss (Liger-Kernel's rule): a loss reduced to
+// sum_i s_i loss_i (Keras's mean is s_i = 1 / N; sample weights, masks and replicas only change
+// the s_i) has the gradient U * s_i * d loss_i / d z_i, U being the scalar upstream of the
+// reduced loss. Given `row_scales` s (float32, the loss's shape), the forward op writes
+// s_i * d loss_i / d z_i as its third output (the logits' shape and dtype) while each row's
+// softmax is at hand, so a training step computes exp(z - max) once per element; the backward
+// only multiplies it by U (tf_metal_ops/ops.py). Given row_scales of shape [0] (per-example
+// losses), or where a backend does not make it (the float64 CPU kernel, the Metal kernels for
+// now), that output is [0] and the gradient op computes the gradient as usual.
 
 enum class LabelKind : int32_t { kSparseInt32 = 0, kSparseInt64 = 1, kDense = 2 };
 enum class Direction : int32_t { kForward = 0, kGradient = 1 };
@@ -83,9 +79,8 @@ struct CustomLossProblem {
   bool has_class_weights = false;  // false: class_weights is empty and every a_c is 1
   std::vector<int64_t> logits_dims;
   std::vector<int64_t> row_dims;  // logits_dims without the class axis: the loss's shape
-  bool has_row_stats = false;     // gradient op: row_stats were given (not [0, 3])
-  bool wants_early_gradient = false;  // forward op: gradient_upstream is a scalar, not [0]
-  bool has_early_gradient = false;    // gradient op: an early gradient and its upstream given
+  bool has_row_stats = false;   // gradient op: row_stats were given (not [0, 3])
+  bool has_row_scales = false;  // forward op: row_scales were given (not [0])
 };
 
 // The inputs of one execution, owned for the duration of Compute.
@@ -94,10 +89,8 @@ struct CustomLossInputs {
   TensorPtr labels;
   TensorPtr class_weights;
   TensorPtr upstream;   // gradient op only
-  TensorPtr row_stats;  // gradient op only: [num_rows, kRowStatsWidth], or [0, kRowStatsWidth]
-  TensorPtr gradient_upstream;  // forward op: [] or [0]
-  TensorPtr early_gradient;     // gradient op: the logits' shape, or [0]
-  TensorPtr early_gradient_upstream;  // gradient op: [] or [0]
+  TensorPtr row_stats;   // gradient op only: [num_rows, kRowStatsWidth], or [0, kRowStatsWidth]
+  TensorPtr row_scales;  // forward op only: logits.shape[:-1], or [0]
 };
 
 // Reads and checks the attributes (gamma >= 0 and finite, 0 <= label_smoothing <= 1, the label
@@ -138,9 +131,9 @@ Error AllocateOutput(TF_OpKernelContext* ctx, const CustomLossProblem& problem, 
 Error AllocateRowStats(TF_OpKernelContext* ctx, const CustomLossProblem& problem, bool filled,
                        TensorPtr* out);
 
-// Allocates the forward op's early gradient with shape [0]: for backends and dtypes that do not
-// make one.
-Error AllocateNoEarlyGradient(TF_OpKernelContext* ctx, const CustomLossProblem& problem);
+// Allocates the forward op's scaled gradient with shape [0]: without row_scales, and for
+// backends and dtypes that do not make one.
+Error AllocateNoScaledGradient(TF_OpKernelContext* ctx, const CustomLossProblem& problem);
 
 }  // namespace tf_metal_ops
 

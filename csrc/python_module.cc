@@ -92,15 +92,6 @@ PYBIND11_MODULE(_tf_metal_ops, m) {
     return info;
   });
   m.def("release_cpu_gradient_cache", [] { return tmo::ReleaseGradientCache(); });
-  // The forward op's early gradients (csrc/problem.h): how many were made and what became of them.
-  m.def("early_gradient_counts", [] {
-    const tmo::EarlyGradientCounts counts = tmo::GetEarlyGradientCounts();
-    py::dict info;
-    info["made"] = counts.made;
-    info["handed_on"] = counts.handed_on;
-    info["recomputed"] = counts.recomputed;
-    return info;
-  });
 
   // ---- Benchmark support (python -m tf_metal_ops bench; the kernels are in csrc/cpu/) --------
   // Which vectorized variant the CPU kernels picked for this machine ("avx2" or "portable").

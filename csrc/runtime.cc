@@ -12,7 +12,6 @@ namespace {
 
 std::atomic<int> commit_mode{static_cast<int>(CommitMode::kCommit)};
 std::atomic<int> cpu_thread_limit{0};
-std::atomic<int64_t> early_gradients[3] = {};  // by EarlyGradientEvent
 
 // Timings are appended by kernels on TensorFlow's threads and read from Python; a bounded
 // buffer keeps a long debug session from growing without limit.
@@ -51,17 +50,6 @@ std::vector<KernelTiming> KernelTimings() {
 void ClearKernelTimings() {
   std::lock_guard<std::mutex> lock(timings_mutex);
   Timings().clear();
-}
-
-void CountEarlyGradient(EarlyGradientEvent event) {
-  early_gradients[static_cast<int>(event)].fetch_add(1, std::memory_order_relaxed);
-}
-EarlyGradientCounts GetEarlyGradientCounts() {
-  EarlyGradientCounts counts;
-  counts.made = early_gradients[static_cast<int>(EarlyGradientEvent::kMade)].load();
-  counts.handed_on = early_gradients[static_cast<int>(EarlyGradientEvent::kHandedOn)].load();
-  counts.recomputed = early_gradients[static_cast<int>(EarlyGradientEvent::kRecomputed)].load();
-  return counts;
 }
 
 bool MetalCompiledIn() {

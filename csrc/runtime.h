@@ -26,17 +26,6 @@ void RecordKernelTiming(KernelTiming timing);
 std::vector<KernelTiming> KernelTimings();
 void ClearKernelTimings();
 
-// What became of the forward op's early gradients (problem.h), counted by the CPU kernels since
-// the process started, so a user can see whether a training loop uses them.
-struct EarlyGradientCounts {
-  int64_t made = 0;        // forward ops that wrote one
-  int64_t handed_on = 0;   // gradient ops that returned one as their answer
-  int64_t recomputed = 0;  // gradient ops given one whose upstream differed: computed anew
-};
-enum class EarlyGradientEvent { kMade, kHandedOn, kRecomputed };
-void CountEarlyGradient(EarlyGradientEvent event);
-EarlyGradientCounts GetEarlyGradientCounts();
-
 // True when this build has the Metal kernels compiled in (macOS only).
 bool MetalCompiledIn();
 

@@ -24,7 +24,7 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PYTHON=${PYTHON:-python3}
-CROSS_TESTS=${CROSS_TESTS:-"tests/test_custom_loss_op.py tests/test_bad_input.py tests/test_keras_loss.py tests/test_early_gradient.py"}
+CROSS_TESTS=${CROSS_TESTS:-"tests/test_custom_loss_op.py tests/test_bad_input.py tests/test_keras_loss.py tests/test_reduced_loss.py"}
 VERSIONS=("$@")
 [ ${#VERSIONS[@]} -gt 0 ] || VERSIONS=(2.16 2.18 2.21)
 if [ -n "${CROSS_WORK:-}" ]; then

@@ -61,7 +61,7 @@ def to_numpy(tensor: tf.Tensor) -> np.ndarray:
 
 def outputs_to_numpy(result) -> List[np.ndarray]:
     """Every output of an op call (the forward op has three: the loss, the row statistics and
-    the early gradient)."""
+    the scaled gradient)."""
     return [to_numpy(t) for t in (result if isinstance(result, (list, tuple)) else [result])]
 
 
@@ -93,7 +93,7 @@ def base(batch=(3,), num_classes=4, *, labels=None, weights=None, dtype=tf.float
         labels=tf.constant(np.zeros(batch, np.int32)) if labels is None else labels,
         class_weights=no_weights() if weights is None else weights,
     )
-    kwargs["gradient_upstream"] = tf.zeros([0], tf.float32)  # none: no early gradient
+    kwargs["row_scales"] = tf.zeros([0], tf.float32)  # none: no scaled gradient
     if upstream is not None:
         kwargs["upstream"] = upstream
     kwargs.update(attrs)
@@ -108,11 +108,7 @@ def with_grad(kwargs: Dict[str, object], upstream=None) -> Dict[str, object]:
     rows = tf.shape(logits, out_type=tf.int64)[:-1]
     kwargs["upstream"] = tf.ones(rows, dtype) if upstream is None else upstream
     kwargs.setdefault("row_stats", tf.zeros([0, 3], tf.float32))  # none: the op finds them
-    # The forward op's early gradient and the upstream it assumed: none by default.
-    gradient_upstream = kwargs.pop("gradient_upstream", None)
-    kwargs.setdefault("early_gradient", tf.zeros([0], dtype))
-    kwargs.setdefault("early_gradient_upstream",
-                      tf.zeros([0], tf.float32) if gradient_upstream is None else gradient_upstream)
+    kwargs.pop("row_scales", None)  # the forward op's alone
     return kwargs
 
 
@@ -172,32 +168,20 @@ def cases() -> List[Case]:
     out.append(Case("gradient/row_stats_from_the_forward_op",
                     lambda: dict(with_grad(base()),
                                  row_stats=OPS.tf_metal_ops_custom_loss(**base())[1]), None, True))
-    out.append(Case("forward/gradient_upstream_vector",
-                    lambda: dict(base(), gradient_upstream=tf.ones([3])),
-                    ["gradient_upstream", "shape"]))
-    out.append(Case("forward/gradient_upstream_scalar", lambda: dict(base(),
-                    gradient_upstream=tf.constant(0.25)), None))
-    out.append(Case("forward/gradient_upstream_scalar_empty_batch",
+    out.append(Case("forward/row_scales_wrong_rows",
+                    lambda: dict(base(), row_scales=tf.ones([4])), ["row_scales", "shape"]))
+    out.append(Case("forward/row_scales_scalar",
+                    lambda: dict(base(), row_scales=tf.constant(0.25)), ["row_scales", "shape"]))
+    out.append(Case("forward/row_scales_matrix",
+                    lambda: dict(base(), row_scales=tf.ones([3, 4])), ["row_scales", "shape"]))
+    out.append(Case("forward/row_scales", lambda: dict(base(), row_scales=tf.fill([3], 0.25)),
+                    None))
+    out.append(Case("forward/row_scales_leading_dims",
+                    lambda: dict(base(batch=(2, 3), labels=tf.zeros([2, 3], tf.int32)),
+                                 row_scales=tf.ones([2, 3])), None))
+    out.append(Case("forward/row_scales_empty_batch",
                     lambda: dict(base(batch=(0,), labels=tf.zeros([0], tf.int32)),
-                                 gradient_upstream=tf.constant(0.25)), None))
-    out.append(Case("gradient/early_gradient_wrong_shape",
-                    lambda: dict(with_grad(base()), early_gradient=tf.zeros([3, 5]),
-                                 early_gradient_upstream=tf.constant(1.0)),
-                    ["early_gradient", "shape"], True))
-    out.append(Case("gradient/early_gradient_without_its_upstream",
-                    lambda: dict(with_grad(base()), early_gradient=tf.zeros([3, 4])),
-                    ["early_gradient_upstream", "shape"], True))
-    out.append(Case("gradient/early_gradient_upstream_without_the_gradient",
-                    lambda: dict(with_grad(base()), early_gradient_upstream=tf.constant(1.0)),
-                    None, True))
-    out.append(Case("gradient/early_gradient_upstream_matrix",
-                    lambda: dict(with_grad(base()), early_gradient=tf.zeros([3, 4]),
-                                 early_gradient_upstream=tf.ones([1, 1])),
-                    ["early_gradient_upstream", "shape"], True))
-    out.append(Case("gradient/early_gradient_from_the_forward_op",
-                    lambda: dict(with_grad(base()), early_gradient=OPS.tf_metal_ops_custom_loss(
-                        **dict(base(), gradient_upstream=tf.constant(1.0)))[2],
-                        early_gradient_upstream=tf.constant(1.0)), None, True))
+                                 row_scales=tf.zeros([0])), None))
     out.append(Case("gradient/upstream_wrong_rows",
                     lambda: with_grad(base(), tf.ones([4])), ["upstream"], True))
     out.append(Case("gradient/upstream_wrong_rank",

@@ -3,7 +3,7 @@ directly (csrc/problem.h describes every input)."""
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -13,27 +13,22 @@ from tf_metal_ops import _native
 OPS = _native.op_module()
 NO_WEIGHTS = tf.zeros([0], tf.float32)
 NO_STATS = tf.zeros([0, 3], tf.float32)
-NO_UPSTREAM = tf.zeros([0], tf.float32)  # no gradient_upstream: no early gradient
+NO_SCALES = tf.zeros([0], tf.float32)  # no row_scales: per-example losses, no scaled gradient
 
 
-def forward(logits, labels, class_weights=NO_WEIGHTS, gradient_upstream=NO_UPSTREAM,
+def forward(logits, labels, class_weights=NO_WEIGHTS, row_scales=NO_SCALES,
             **attrs) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-    """The forward op: (loss, row_stats, early_gradient)."""
+    """The forward op: (loss, row_stats, scaled_gradient)."""
     return OPS.tf_metal_ops_custom_loss(logits=logits, labels=labels,
-                                        class_weights=class_weights,
-                                        gradient_upstream=gradient_upstream, **attrs)
+                                        class_weights=class_weights, row_scales=row_scales,
+                                        **attrs)
 
 
-def gradient(logits, labels, class_weights, upstream, row_stats=NO_STATS,
-             early_gradient: Optional[tf.Tensor] = None,
-             early_gradient_upstream=NO_UPSTREAM, **attrs) -> tf.Tensor:
-    """The gradient op; without an early gradient unless one is given."""
-    if early_gradient is None:
-        early_gradient = tf.zeros([0], tf.convert_to_tensor(logits).dtype)
+def gradient(logits, labels, class_weights, upstream, row_stats=NO_STATS, **attrs) -> tf.Tensor:
+    """The gradient op."""
     return OPS.tf_metal_ops_custom_loss_grad(
         logits=logits, labels=labels, class_weights=class_weights, upstream=upstream,
-        row_stats=row_stats, early_gradient=early_gradient,
-        early_gradient_upstream=early_gradient_upstream, **attrs)
+        row_stats=row_stats, **attrs)
 
 
 def awkward_logits(rows: int, classes: int, seed: int) -> np.ndarray:

@@ -79,14 +79,14 @@ def test_bench_table_names_every_case(quick_report):
 
 
 def test_bench_table_says_when_memory_settings_differ(quick_report):
-    """Figures taken with TensorFlow's caching allocator, or without our huge-page advice,
-    gradient cache or early gradient, are not comparable with the defaults, so the table's header says so (and only then)."""
+    """Figures taken with TensorFlow's caching allocator, or without our huge-page advice or
+    gradient cache, are not comparable with the defaults, so the table's header says so (and
+    only then)."""
     env = quick_report["environment"]
     defaults = dict(quick_report,
                     environment=dict(env, tf_cpu_allocator="default", huge_page_advice=True,
-                                     gradient_cache=True, early_gradient=True))
+                                     gradient_cache=True))
     assert "memory:" not in bench.format_table(defaults)
-    assert "early gradient off" not in bench.format_table(defaults)
     report = dict(quick_report,
                   environment=dict(quick_report["environment"], tf_cpu_allocator="bfc"))
     assert "TensorFlow's CPU allocator bfc" in bench.format_table(report)
@@ -96,9 +96,6 @@ def test_bench_table_says_when_memory_settings_differ(quick_report):
     report = dict(quick_report,
                   environment=dict(quick_report["environment"], gradient_cache=False))
     assert "gradient cache off" in bench.format_table(report)
-    report = dict(quick_report,
-                  environment=dict(quick_report["environment"], early_gradient=False))
-    assert "early gradient off" in bench.format_table(report)
 
 
 @pytest.mark.parametrize("argv", [["--sizes", "10by3"], ["--sizes", "0x5"], ["--repeats", "0"],

@@ -336,13 +336,12 @@ def test_memory_stays_flat_over_many_eager_calls():
 
     def forward():
         ops.tf_metal_ops_custom_loss(logits=logits, labels=labels, class_weights=weights,
-                                     gradient_upstream=tf.zeros([0]), **attrs)
+                                     row_scales=tf.zeros([0]), **attrs)
 
     def gradient():
         ops.tf_metal_ops_custom_loss_grad(logits=logits, labels=labels, class_weights=weights,
                                           upstream=upstream, row_stats=tf.zeros([0, 3]),
-                                          early_gradient=tf.zeros([0]),
-                                          early_gradient_upstream=tf.zeros([0]), **attrs)
+                                          **attrs)
 
     def through_tape():
         with tf.GradientTape() as tape:
@@ -394,7 +393,7 @@ def test_error_path_leaks_no_more_than_tensorflows_own():
         try:
             ops.tf_metal_ops_custom_loss(logits=logits, labels=bad_labels,
                                          class_weights=tf.zeros([0]),
-                                         gradient_upstream=tf.zeros([0]))
+                                         row_scales=tf.zeros([0]))
         except tf.errors.InvalidArgumentError:
             pass
         else:

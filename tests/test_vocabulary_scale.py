@@ -12,7 +12,7 @@ tf.nn.sparse_softmax_cross_entropy_with_logits on the same plain cross-entropy i
 error = max over rows of max |got - exact| / (1 + max |exact| of the row) against the float64
 NumPy reference on the same float32 inputs (logits ~ N(0, 4^2)). Checked for every option set
 through `custom_loss`, through `CustomLoss` under a gradient tape (whose forward op computes
-the gradient too), on the portable instruction set, and for the Metal kernels in the emulator;
+the gradient of the reduced loss), on the portable instruction set, and for the Metal kernels in the emulator;
 the float64 kernel stays near 1e-15. A few rows per size keep this file fast.
 """
 
@@ -138,18 +138,14 @@ def test_custom_loss_error_does_not_grow_with_classes(num_classes, option):
 @pytest.mark.parametrize("option", list(OPTION_SETS))
 @pytest.mark.parametrize("num_classes", SIZES)
 def test_keras_loss_under_a_tape_is_as_exact(num_classes, option):
-    """CustomLoss's mean under a tape: the forward op makes the gradient (the early gradient)."""
+    """CustomLoss's sum: the forward op makes the gradient of the reduced loss."""
     logits, labels, op, _ = inputs(num_classes, option)
     loss_fn = tf_metal_ops.CustomLoss(reduction="sum", **op)
-    before = tf_metal_ops.early_gradient_info()["made"]
     z = tf.constant(logits)
     with tf.GradientTape() as tape:
         tape.watch(z)
         total = loss_fn(labels, z)
     grad = tape.gradient(total, z)
-    info = tf_metal_ops.early_gradient_info()
-    if "ignore_class" not in op and info["enabled"]:  # ignored rows: Keras masks them
-        assert info["made"] > before, "the forward op made no early gradient"
     per_example = tf_metal_ops.custom_loss(labels, z, **op).numpy()
     np.testing.assert_allclose(float(total), per_example.sum(), rtol=1e-6)
     assert_within_bars(num_classes, option, per_example, grad.numpy(), what="CustomLoss")

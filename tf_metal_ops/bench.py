@@ -18,9 +18,8 @@ For each problem size (N rows x C classes, float32 logits, forward + backward un
                     ours from 32 MiB on: they write into the buffer the step before set aside
                     (csrc/cpu/gradient_cache.h; TF_METAL_OPS_CPU_GRADIENT_CACHE=0 turns it off)
 
-Ours run as in training: under the gradient tape, CustomLoss's forward op also computes the
-gradient (its early gradient, csrc/problem.h) and the gradient op hands it on;
-TF_METAL_OPS_EARLY_GRADIENT=0 measures the two ops computing separately.
+Ours run as in training: CustomLoss's mean is a reduced loss, whose forward op also computes
+the gradient (csrc/problem.h); the backward only hands it on.
 
 interleaved (every repeat runs every case once, in a rotating order, so a busy moment on a
 shared machine hits all of them alike) and reports medians and the ratios the performance
@@ -439,7 +438,6 @@ def environment() -> Dict[str, Any]:
 
     import tf_metal_ops
     from tf_metal_ops import _native
-    from tf_metal_ops.losses import early_gradients_enabled
 
     runtime = _native.runtime()
     return {
@@ -460,8 +458,6 @@ def environment() -> Dict[str, Any]:
         "huge_page_advice": os.environ.get("TF_METAL_OPS_CPU_HUGE_PAGES") != "0",
         # Ours only: large gradients reuse the previous step's buffer (csrc/cpu/gradient_cache.h).
         "gradient_cache": bool(runtime.cpu_gradient_cache_info()["enabled"]),
-        # Ours only: the forward op computes the gradient too (csrc/problem.h, early gradient).
-        "early_gradient": early_gradients_enabled(),
     }
 
 
@@ -481,9 +477,6 @@ def format_table(report: Dict[str, Any]) -> str:
         lines.append(f"  memory: TensorFlow's CPU allocator {env.get('tf_cpu_allocator')}, "
                      f"huge-page advice {on('huge_page_advice')}, "
                      f"gradient cache {on('gradient_cache')}")
-    if not env.get("early_gradient", True):
-        lines.append("  early gradient off (TF_METAL_OPS_EARLY_GRADIENT=0): our forward and "
-                     "gradient ops each compute the softmax")
     lines.append("")
     for name, description in CASES:
         lines.append(f"  {name:<13} {description}")

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
-import threading
-from typing import Any, Callable, Dict, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 import keras
 import numpy as np
@@ -16,20 +14,8 @@ from tf_metal_ops.ops import (
     check_ignore_class,
     check_label_smoothing,
     custom_loss,
+    reduced_custom_loss,
 )
-
-# Whether a gradient tape records (TensorFlow's own test, private: where it moved or vanished,
-# CustomLoss assumes no tape and never asks for an early gradient, which is only slower).
-try:  # TensorFlow 2.13 and later
-    from tensorflow.python.eager.record import could_possibly_record as _tape_may_record
-except ImportError:  # pragma: no cover - older layouts
-    try:
-        from tensorflow.python.eager.tape import could_possibly_record as _tape_may_record
-    except ImportError:
-
-        def _tape_may_record() -> bool:
-            return False
-
 
 try:  # Keras >= 3.6 keeps tensor attributes in its own table
     from keras.src.backend.common.masking import get_keras_mask as _get_keras_mask
@@ -52,35 +38,26 @@ def _require_tensorflow_backend() -> None:
         )
 
 
-# Switch for the early gradient (csrc/problem.h): "0" turns it off, for comparisons.
-EARLY_GRADIENT_ENV = "TF_METAL_OPS_EARLY_GRADIENT"
+class _ReductionProbe(keras.losses.Loss):
+    """Keras's own reduction applied to given per-example values.
 
+    Every Keras reduction but `None` is linear in the per-example losses once the sample weights
+    and masks are fixed: `sum_i s_i * loss_i`. Reducing a watched tensor of zeros through
+    Keras's own `Loss.__call__` and differentiating gives each `s_i` exactly as this Keras
+    version weighs, masks, averages and scales for replicas, with nothing of it written again.
+    """
 
-def early_gradients_enabled() -> bool:
-    """False when TF_METAL_OPS_EARLY_GRADIENT=0 is in the environment (read at each call)."""
-    return os.environ.get(EARLY_GRADIENT_ENV, "1") != "0"
+    def __init__(self, values: tf.Tensor, mask: Optional[tf.Tensor], reduction: str,
+                 dtype: Any) -> None:
+        super().__init__(name="reduction_probe", reduction=reduction, dtype=dtype)
+        self._values = values
+        self._mask = mask
 
-
-# Reductions whose upstream gradient per example is known before the loss is computed, as Keras
-# computes it (keras/src/losses/loss.py: reduce_values): sum / N, where N is the number of
-# losses as an int32 product cast to the loss dtype, differentiates to div_no_nan(1, N); a sum
-# to 1. "mean_with_sample_weight" is "mean" when no sample weight is given.
-_MEAN_REDUCTIONS = ("sum_over_batch_size", "mean", "mean_with_sample_weight")
-
-
-def _mean_upstream(logits: tf.Tensor) -> tf.Tensor:
-    count = tf.reduce_prod(tf.shape(logits, out_type=tf.int32)[:-1])
-    return tf.math.divide_no_nan(tf.constant(1.0, tf.float32), tf.cast(count, tf.float32))
-
-
-def _sum_upstream(logits: tf.Tensor) -> tf.Tensor:
-    del logits
-    return tf.constant(1.0, tf.float32)
-
-
-# What CustomLoss.__call__ learned about this call, for CustomLoss.call (which Keras calls
-# without the sample weight); per thread, as replicas may call one loss object at once.
-_call_context = threading.local()
+    def call(self, y_true: Any, y_pred: Any) -> tf.Tensor:
+        values = tf.identity(self._values)  # a tensor of its own, to carry the mask
+        if self._mask is not None:
+            _set_keras_mask(values, self._mask)
+        return values
 
 
 @keras.saving.register_keras_serializable(package="tf_metal_ops")
@@ -97,12 +74,11 @@ class CustomLoss(keras.losses.Loss):
     Labels may be class ids (`[batch, ...]` or `[batch, ..., 1]`, ints or whole floats) or
     dense targets with the predictions' shape.
 
-    While a gradient tape records (as in `fit`), a float32 loss reduced with
-    `"sum_over_batch_size"` or `"sum"` and called without sample weights has its op compute the
-    gradient together with the loss, assuming the upstream gradient that reduction gives every
-    example (`1 / N` or 1); the gradient op then hands it on instead of reading the logits again,
-    and computes as usual if the assumption did not hold. The values are the same either way
-    (see `tf_metal_ops.early_gradient_info`).
+    Reduced (every reduction but `None`), the loss is `sum_i s_i * loss_i` with the weights
+    `s_i` Keras's reduction gives each example (`1 / N` for the mean, times sample weights and
+    masks); the op then computes the gradient together with the loss, and the backward only
+    scales it by the upstream gradient (Liger-Kernel's rule). With `reduction=None` it returns
+    the per-example losses, whose gradient a second op computes.
 
     Args:
         gamma: focusing parameter `>= 0`; 0 is plain cross-entropy.
@@ -153,43 +129,55 @@ class CustomLoss(keras.losses.Loss):
         self.ignore_class = check_ignore_class(ignore_class)
 
     def __call__(self, y_true: Any, y_pred: Any, sample_weight: Optional[Any] = None) -> Any:
-        _call_context.assumed_upstream = self._assumed_upstream(y_pred, sample_weight)
-        try:
+        if self.reduction in (None, "none"):
             return super().__call__(y_true, y_pred, sample_weight=sample_weight)
-        finally:
-            _call_context.assumed_upstream = None
+        loss_shape = tf.TensorShape(getattr(y_pred, "shape", np.shape(y_pred)))[:-1]
+        if loss_shape.rank == 0 or loss_shape.as_list() == [0]:
+            # Keras leaves a scalar or a statically empty loss unreduced: so do we.
+            return super().__call__(y_true, y_pred, sample_weight=sample_weight)
+        in_mask = _get_keras_mask(y_pred)
+        with tf.name_scope(self.name):
+            predictions = keras.ops.convert_to_tensor(y_pred, dtype=self.dtype)
+            logits = predictions if self.from_logits else tf.math.log(predictions)
+            scales = self._row_scales(y_true, predictions, sample_weight, in_mask)
+            return reduced_custom_loss(
+                y_true,
+                logits,
+                scales,
+                gamma=self.gamma,
+                label_smoothing=self.label_smoothing,
+                class_weights=self.class_weights,
+                ignore_class=self.ignore_class,
+            )
 
-    def _assumed_upstream(
-        self, y_pred: Any, sample_weight: Optional[Any]
-    ) -> Optional[Callable[[tf.Tensor], tf.Tensor]]:
-        """The upstream gradient Keras's reduction will give each example's loss, when it is
-        certain and a gradient may be taken: the op then computes the gradient early
-        (csrc/problem.h). None where sample weights, masks (ignore_class too), replicas or
-        mixed_float16's loss scaling rescale it, or where no gradient tape records (evaluation,
-        prediction)."""
-        if not early_gradients_enabled():
+    def _row_scales(self, y_true: Any, predictions: tf.Tensor, sample_weight: Optional[Any],
+                    in_mask: Optional[tf.Tensor]) -> tf.Tensor:
+        """d (Keras's reduction of the per-example losses) / d loss_i, for every example."""
+        probe = tf.zeros(tf.shape(predictions)[:-1], self.dtype)
+        # The probe stands in for the predictions too, carrying their mask: Keras reads only
+        # that of them, and converting the real ones would cost a pass over N x C.
+        probe_predictions = tf.identity(probe)
+        if in_mask is not None:
+            _set_keras_mask(probe_predictions, in_mask)
+        with tf.GradientTape() as tape:
+            tape.watch(probe)
+            reduced = _ReductionProbe(probe, self._ignored_mask(y_true, probe), self.reduction,
+                                      self.dtype)(probe, probe_predictions,
+                                                  sample_weight=sample_weight)
+        scales = tape.gradient(reduced, probe)
+        return tf.stop_gradient(tf.zeros_like(probe) if scales is None else scales)
+
+    def _ignored_mask(self, y_true: Any, losses: tf.Tensor) -> Optional[tf.Tensor]:
+        """False for the examples labelled ignore_class: they drop out of the average too."""
+        if self.ignore_class is None:
             return None
-        if sample_weight is not None or self.ignore_class is not None:
-            return None
-        if _get_keras_mask(y_pred) is not None or not _tape_may_record():
-            return None
-        if tf.distribute.get_strategy().num_replicas_in_sync != 1:
-            return None
-        if keras.mixed_precision.global_policy().name == "mixed_float16":
-            return None  # compile() then scales the loss (LossScaleOptimizer): never 1 / N
-        if self.reduction in _MEAN_REDUCTIONS:
-            return _mean_upstream
-        if self.reduction == "sum":
-            return _sum_upstream
-        return None
+        labels = tf.convert_to_tensor(y_true)
+        if labels.shape.rank == losses.shape.rank + 1:
+            labels = tf.squeeze(labels, axis=-1)
+        return tf.not_equal(labels, tf.cast(self.ignore_class, labels.dtype))
 
     def call(self, y_true: tf.Tensor, y_pred: tf.Tensor) -> tf.Tensor:
         logits = y_pred if self.from_logits else tf.math.log(y_pred)
-        # Keras converts y_pred to the loss's dtype; the reduction's upstream is then exactly
-        # the float32 value assumed only for float32 losses.
-        assumed = getattr(_call_context, "assumed_upstream", None)
-        if tf.as_dtype(logits.dtype) != tf.float32:
-            assumed = None
         losses = custom_loss(
             y_true,
             logits,
@@ -197,14 +185,10 @@ class CustomLoss(keras.losses.Loss):
             label_smoothing=self.label_smoothing,
             class_weights=self.class_weights,
             ignore_class=self.ignore_class,
-            assumed_upstream=assumed,
         )
-        if self.ignore_class is not None:
-            # Ignored examples drop out of the average, not only out of the sum.
-            labels = tf.convert_to_tensor(y_true)
-            if labels.shape.rank == losses.shape.rank + 1:
-                labels = tf.squeeze(labels, axis=-1)
-            _set_keras_mask(losses, tf.not_equal(labels, tf.cast(self.ignore_class, labels.dtype)))
+        mask = self._ignored_mask(y_true, losses)
+        if mask is not None:
+            _set_keras_mask(losses, mask)
         return losses
 
     def get_config(self) -> Dict[str, Any]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 import tensorflow as tf
@@ -203,20 +203,38 @@ def _class_weights_tensor(class_weights: Any, logits: tf.Tensor) -> tf.Tensor:
     return tensor
 
 
-def _gradient_upstream_tensor(assumed_upstream: Any, logits: tf.Tensor) -> tf.Tensor:
-    """The forward op's gradient_upstream input: a float32 scalar, or [0] for none."""
-    if assumed_upstream is None:
-        return tf.zeros([0], tf.float32)
-    value = assumed_upstream(logits) if callable(assumed_upstream) else assumed_upstream
-    if isinstance(value, bool) or not isinstance(value, (numbers.Real, np.ndarray, tf.Tensor,
-                                                         tf.Variable)):
-        raise TypeError(f"assumed_upstream must be a number, a scalar tensor or a function of the "
-                        f"logits giving one, got {value!r}")
-    tensor = tf.cast(value, tf.float32)
-    if tensor.shape.rank not in (0, None):  # unknown: the op checks it when it runs
-        raise ValueError(f"assumed_upstream must be a scalar (every example's upstream "
-                         f"gradient), got shape {tensor.shape}")
-    return tensor
+def _prepared_inputs(labels: TensorLike, logits: TensorLike, gamma: float,
+                     label_smoothing: float, class_weights: Optional[TensorLike],
+                     ignore_class: Optional[int]):
+    """(logits, labels, class weights, attributes) as the native ops take them, checked."""
+    gamma = check_gamma(gamma)
+    label_smoothing = check_label_smoothing(label_smoothing)
+    ignore_class = check_ignore_class(ignore_class)
+    logits_t = _logits_tensor(logits)
+    labels_t = tf.convert_to_tensor(labels)
+    if _is_dense(labels_t, logits_t):
+        if ignore_class is not None:
+            raise ValueError(
+                f"ignore_class={ignore_class} applies to class-id labels only, but the "
+                f"labels are dense targets (shape {labels_t.shape})"
+            )
+        labels_t = _dense_labels(labels_t, logits_t)
+    else:
+        labels_t = _sparse_labels(labels_t, logits_t)
+    attrs = dict(gamma=gamma, label_smoothing=label_smoothing,
+                 has_ignore_class=ignore_class is not None,
+                 ignore_class=0 if ignore_class is None else ignore_class)
+    return logits_t, labels_t, _class_weights_tensor(class_weights, logits_t), attrs
+
+
+def _forward(logits: tf.Tensor, labels: tf.Tensor, class_weights: tf.Tensor,
+             row_scales: Optional[tf.Tensor], attrs: dict):
+    """The forward op: (per-example loss, row statistics, scaled gradient or [0]). Without
+    row scales (shape [0] for the op) it makes no gradient: per-example losses."""
+    runtime.follow_tensorflow_threads()
+    scales = tf.zeros([0], tf.float32) if row_scales is None else row_scales
+    return _native.op_module().tf_metal_ops_custom_loss(
+        logits=logits, labels=labels, class_weights=class_weights, row_scales=scales, **attrs)
 
 
 def custom_loss(
@@ -228,7 +246,6 @@ def custom_loss(
     class_weights: Optional[TensorLike] = None,
     ignore_class: Optional[int] = None,
     name: Optional[str] = None,
-    assumed_upstream: Optional[Union[float, tf.Tensor, Callable[[tf.Tensor], Any]]] = None,
 ) -> tf.Tensor:
     """Fused focal / label-smoothed softmax cross-entropy, one value per example.
 
@@ -252,14 +269,6 @@ def custom_loss(
         ignore_class: optional class id (sparse labels only) whose rows get loss 0 and
             gradient 0; it may lie outside `[0, C)` (e.g. -1 or 255).
         name: optional name scope.
-        assumed_upstream: optional upstream gradient you expect every example's loss to
-            receive, as a scalar (float or tensor) or a function of the logits tensor giving
-            one; e.g. `1 / N` when you take the mean of the `N` losses and differentiate that.
-            The op then computes the gradient together with the loss (its "early gradient"),
-            and the gradient op returns it without reading the logits again when its upstream is
-            that value in every row (compared bit for bit), or computes as usual when it is not:
-            the values are the same either way, a wrong guess costs time. `CustomLoss` sets it
-            by itself under a gradient tape; see `tf_metal_ops.early_gradient_info`.
 
     Returns:
         The per-example loss, shape `logits.shape[:-1]`, dtype of `logits`.
@@ -267,49 +276,90 @@ def custom_loss(
     Raises:
         TypeError: logits that are not floating point; labels of another kind.
         ValueError: shapes that do not match (both are named), gamma < 0 or NaN,
-            label_smoothing outside [0, 1], negative or NaN class weights, an
-            `assumed_upstream` that is not a scalar.
+            label_smoothing outside [0, 1], negative or NaN class weights.
         tf.errors.InvalidArgumentError: at run time, a class id outside `[0, C)` that is not
             `ignore_class` (the message names the example's index and the value), or shapes
             that were unknown while tracing and do not match.
 
     Differentiable with respect to `logits` (labels and class weights get no gradient). The
     gradient op recomputes the softmax from the logits instead of saving it (it reuses the
-    forward op's per-row maximum and log-sum), unless the early gradient made for
-    `assumed_upstream` is its answer. Second derivatives are not implemented: asking for one
-    raises `NotImplementedError`.
+    forward op's per-row maximum and log-sum). Second derivatives are not implemented: asking
+    for one raises `NotImplementedError`.
     """
-    gamma = check_gamma(gamma)
-    label_smoothing = check_label_smoothing(label_smoothing)
-    ignore_class = check_ignore_class(ignore_class)
     with tf.name_scope(name or "custom_loss"):
-        logits_t = _logits_tensor(logits)
-        labels_t = tf.convert_to_tensor(labels)
-        if _is_dense(labels_t, logits_t):
-            if ignore_class is not None:
-                raise ValueError(
-                    f"ignore_class={ignore_class} applies to class-id labels only, but the "
-                    f"labels are dense targets (shape {labels_t.shape})"
-                )
-            labels_t = _dense_labels(labels_t, logits_t)
-        else:
-            labels_t = _sparse_labels(labels_t, logits_t)
-        weights_t = _class_weights_tensor(class_weights, logits_t)
-        gradient_upstream = _gradient_upstream_tensor(assumed_upstream, logits_t)
-        runtime.follow_tensorflow_threads()
-        # The second and third outputs (the rows' softmax statistics, the early gradient) are
-        # for the gradient only.
-        loss, _, _ = _native.op_module().tf_metal_ops_custom_loss(
-            logits=logits_t,
-            labels=labels_t,
-            class_weights=weights_t,
-            gradient_upstream=gradient_upstream,
-            gamma=gamma,
-            label_smoothing=label_smoothing,
-            has_ignore_class=ignore_class is not None,
-            ignore_class=0 if ignore_class is None else ignore_class,
-        )
+        logits_t, labels_t, weights_t, attrs = _prepared_inputs(
+            labels, logits, gamma, label_smoothing, class_weights, ignore_class)
+        # The rows' softmax statistics are for the gradient only.
+        loss, _, _ = _forward(logits_t, labels_t, weights_t, None, attrs)
         return loss
+
+
+def reduced_custom_loss(
+    labels: TensorLike,
+    logits: TensorLike,
+    row_scales: TensorLike,
+    *,
+    gamma: float = 0.0,
+    label_smoothing: float = 0.0,
+    class_weights: Optional[TensorLike] = None,
+    ignore_class: Optional[int] = None,
+    name: Optional[str] = None,
+) -> tf.Tensor:
+    """`sum(row_scales * custom_loss(labels, logits, ...))`, its gradient made with the loss.
+
+    Liger-Kernel's rule for reduced losses: the scales are known before the loss (a mean's
+    `1 / N`, sample weights, masks), so the forward op writes `row_scales * d loss / d logits`
+    while each row's softmax is at hand, and the backward only multiplies it by the scalar
+    upstream gradient (not at all when that is exactly 1, as in Keras's `fit`). Where the
+    forward makes no gradient (float64 logits, the Metal kernels for now, an empty batch), the
+    backward runs the gradient op with the upstream `upstream * row_scales`.
+
+    Args:
+        labels, logits, gamma, label_smoothing, class_weights, ignore_class, name: as for
+            `custom_loss`.
+        row_scales: one scale per example, shape `logits.shape[:-1]`; no gradient flows to it.
+
+    Returns:
+        A scalar of the logits' dtype (summed in float32, or float64 for float64 logits).
+    """
+    with tf.name_scope(name or "reduced_custom_loss"):
+        logits_t, labels_t, weights_t, attrs = _prepared_inputs(
+            labels, logits, gamma, label_smoothing, class_weights, ignore_class)
+        scales = tf.stop_gradient(tf.cast(row_scales, tf.float32))
+        if not scales.shape.is_compatible_with(logits_t.shape[:-1]):
+            raise ValueError(
+                f"row_scales must have shape logits.shape[:-1]; got row_scales shape "
+                f"{scales.shape} and logits shape {logits_t.shape}")
+        return _reduced(logits_t, labels_t, weights_t, scales, attrs)
+
+
+def _reduced(logits: tf.Tensor, labels: tf.Tensor, class_weights: tf.Tensor,
+             scales: tf.Tensor, attrs: dict) -> tf.Tensor:
+    sum_dtype = tf.float64 if logits.dtype == tf.float64 else tf.float32
+
+    @tf.custom_gradient
+    def reduced(z):
+        loss, row_stats, scaled = _forward(z, labels, class_weights, scales, attrs)
+        total = tf.reduce_sum(tf.cast(loss, sum_dtype) * tf.cast(scales, sum_dtype))
+
+        def backward(upstream):
+            u = tf.cast(upstream, tf.float32)
+
+            def from_forward():
+                return tf.cond(tf.equal(u, 1.0), lambda: scaled,
+                               lambda: scaled * tf.cast(u, scaled.dtype))
+
+            def from_gradient_op():
+                return _native.op_module().tf_metal_ops_custom_loss_grad(
+                    logits=z, labels=labels, class_weights=class_weights,
+                    upstream=tf.cast(u * scales, z.dtype), row_stats=row_stats, **attrs)
+
+            made = tf.logical_and(tf.equal(tf.size(scaled), tf.size(z)), tf.size(z) > 0)
+            return tf.cond(made, from_forward, from_gradient_op)
+
+        return tf.cast(total, z.dtype), backward
+
+    return reduced(logits)
 
 
 def _op_attrs(op: tf.Operation) -> dict:
@@ -321,19 +371,16 @@ def _op_attrs(op: tf.Operation) -> dict:
 
 @tf.RegisterGradient(FORWARD_OP)
 def _custom_loss_gradient(op: tf.Operation, upstream: tf.Tensor, *_unused_upstreams):
-    logits, labels, class_weights, gradient_upstream = op.inputs
+    logits, labels, class_weights, _ = op.inputs
     # The forward op's row statistics (max, log-sum, 1/sum per row; csrc/problem.h) spare the
-    # gradient the passes that would find them again, and its early gradient (when it made
-    # one) may be the whole answer. Neither is differentiable: their own upstream gradients are
-    # ignored (nothing in the loss depends on them).
+    # gradient the passes that would find them again. They and the scaled gradient are not
+    # differentiable: their own upstream gradients are ignored (the loss depends on neither).
     grad_logits = _native.op_module().tf_metal_ops_custom_loss_grad(
         logits=logits,
         labels=labels,
         class_weights=class_weights,
         upstream=upstream,
         row_stats=op.outputs[1],
-        early_gradient=op.outputs[2],
-        early_gradient_upstream=gradient_upstream,
         **_op_attrs(op),
     )
     return [grad_logits, None, None, None]

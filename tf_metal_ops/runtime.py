@@ -112,27 +112,3 @@ def release_cpu_gradient_cache() -> int:
     Buffers still in use by a live gradient tensor come back to the cache when it is dropped."""
     return int(_native.runtime().release_cpu_gradient_cache())
 
-
-def early_gradient_info() -> dict:
-    """Returns what became of the forward op's early gradients in this process.
-
-    While a gradient tape records, `CustomLoss` with the `"sum_over_batch_size"` (or `"sum"`)
-    reduction and no sample weights asks its op for the gradient together with the loss,
-    assuming the upstream gradient Keras's reduction gives every example (`1 / N`, or 1). The
-    gradient op then hands that gradient on instead of reading the logits again, when the
-    assumption held (it is checked, bit for bit); otherwise it computes the gradient anew, with
-    the same values. The CPU kernel makes early gradients (float32, float16 and bfloat16 logits);
-    the Metal kernels do not yet. `TF_METAL_OPS_EARLY_GRADIENT=0` in the environment turns
-    the request off.
-
-    Returns:
-        A dict: `enabled` (the environment switch), `made` (forward ops that wrote one),
-        `handed_on` (gradient ops that returned one) and `recomputed` (gradient ops whose
-        upstream differed from the assumption, e.g. under loss scaling).
-    """
-    from tf_metal_ops.losses import early_gradients_enabled
-
-    info = dict(_native.runtime().early_gradient_counts())
-    info["enabled"] = early_gradients_enabled()
-    return info
-

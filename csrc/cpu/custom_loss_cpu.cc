@@ -314,49 +314,17 @@ Error AllocateGradient(TF_OpKernelContext* ctx, const CustomLossProblem& problem
   return Error::Ok();
 }
 
-// The gradient op's early gradient (problem.h) is its answer when the upstream it assumed is the
-// upstream of every row, bit for bit: the same bits make the same arithmetic (+0 and -0 differ,
-// and a NaN matches only its own bits, whose gradient is the same NaNs).
-template <typename T>
-bool UpstreamIsEverywhere(const CustomLossProblem& problem, const CustomLossInputs& inputs) {
-  const float assumed =
-      *static_cast<const float*>(TF_TensorData(inputs.early_gradient_upstream.get()));
-  const T* upstream = static_cast<const T*>(TF_TensorData(inputs.upstream.get()));
-  for (int64_t row = 0; row < problem.num_rows; ++row) {
-    const float value = Load(upstream[row]);
-    if (std::memcmp(&value, &assumed, sizeof(float)) != 0) return false;
-  }
-  return true;
-}
-bool EarlyGradientApplies(const CustomLossProblem& problem, const CustomLossInputs& inputs) {
-  switch (problem.attrs.logits_dtype) {
-    case TF_HALF: return UpstreamIsEverywhere<Half>(problem, inputs);
-    case TF_BFLOAT16: return UpstreamIsEverywhere<BFloat16>(problem, inputs);
-    case TF_FLOAT: return UpstreamIsEverywhere<float>(problem, inputs);
-    default: return false;  // the float64 forward makes none
-  }
-}
-
-void HandOnEarlyGradient(TF_OpKernelContext* ctx, const CustomLossProblem& problem,
-                         const CustomLossInputs& inputs) {
-  StatusPtr status = NewStatus();
-  TF_SetOutput(ctx, kOutput, inputs.early_gradient.get(), status.get());
-  const std::string what = OpDescription(problem.attrs) + ": handing on the early gradient";
-  if (Error e = FromStatus(status.get(), what); !e.ok()) FailKernel(ctx, e);
-}
-
 // Float, half and bfloat16 logits: the vectorized rows of this CPU's instruction set, which
 // write the forward's row statistics (`stats`, null for the gradient).
 void ComputeVectorized(const CustomLossProblem& problem, const CustomLossInputs& inputs,
                        StorageType type, bool in_place, TF_Tensor* out, TF_Tensor* stats,
-                       TF_Tensor* early_gradient) {
+                       TF_Tensor* scaled_gradient) {
   RowsArgs args = MakeRowsArgs(problem, inputs, type, out);
   args.in_place = in_place;
   if (stats != nullptr) args.stats_out = static_cast<float*>(TF_TensorData(stats));
-  if (early_gradient != nullptr) {
-    args.early_gradient = TF_TensorData(early_gradient);
-    args.upstream_value =
-        *static_cast<const float*>(TF_TensorData(inputs.gradient_upstream.get()));
+  if (scaled_gradient != nullptr) {
+    args.scaled_gradient = TF_TensorData(scaled_gradient);
+    args.row_scales = static_cast<const float*>(TF_TensorData(inputs.row_scales.get()));
   }
   const RowsKernel kernel = SelectRowsKernel();
   ParallelFor(problem.num_rows, problem.num_classes,
@@ -384,26 +352,18 @@ void Compute(void* kernel, TF_OpKernelContext* ctx) {
   }
   if (Error e = CheckValues(problem, inputs); !e.ok()) return FailKernel(ctx, e);
   const bool forward = problem.attrs.direction == Direction::kForward;
-  // The vectorized kernels write the forward's row statistics, and its early gradient when
-  // asked; the float64 one does neither.
+  // The vectorized kernels write the forward's row statistics, and a reduced loss's scaled
+  // gradient when given row scales; the float64 one does neither.
   const bool vectorized = problem.attrs.logits_dtype != TF_DOUBLE;
-  const bool early_gradient = forward && vectorized && problem.wants_early_gradient &&
-                              problem.num_rows > 0;
+  const bool scaled_gradient = forward && vectorized && problem.has_row_scales;
   TensorPtr stats;
   if (forward) {
     if (Error e = AllocateRowStats(ctx, problem, vectorized, &stats); !e.ok()) {
       return FailKernel(ctx, e);
     }
-    if (!early_gradient) {
-      if (Error e = AllocateNoEarlyGradient(ctx, problem); !e.ok()) return FailKernel(ctx, e);
+    if (!scaled_gradient) {
+      if (Error e = AllocateNoScaledGradient(ctx, problem); !e.ok()) return FailKernel(ctx, e);
     }
-  } else if (problem.has_early_gradient) {
-    if (EarlyGradientApplies(problem, inputs)) {
-      // The forward op computed this very gradient already: hand it on, no pass over the logits.
-      CountEarlyGradient(EarlyGradientEvent::kHandedOn);
-      return HandOnEarlyGradient(ctx, problem, inputs);
-    }
-    CountEarlyGradient(EarlyGradientEvent::kRecomputed);
   }
   if (problem.num_rows == 0) {  // an empty batch: an empty output, and no per-class setup
     TensorPtr empty;
@@ -411,7 +371,7 @@ void Compute(void* kernel, TF_OpKernelContext* ctx) {
     return;
   }
   TensorPtr out;
-  TensorPtr gradient;  // the forward's early gradient
+  TensorPtr gradient;  // the forward's scaled gradient
   bool in_place = false;
   if (!forward) {
     if (Error e = AllocateGradient(ctx, problem, kOutput, /*forward_logits=*/true, &inputs, &out,
@@ -421,14 +381,13 @@ void Compute(void* kernel, TF_OpKernelContext* ctx) {
     }
   } else {
     if (Error e = AllocateOutput(ctx, problem, &out); !e.ok()) return FailKernel(ctx, e);
-    if (early_gradient) {
-      bool unused = false;  // a forward op's early gradient never takes over the logits
-      if (Error e = AllocateGradient(ctx, problem, kEarlyGradientOutput,
+    if (scaled_gradient) {
+      bool unused = false;  // the forward's gradient never takes over the logits: it reads them
+      if (Error e = AllocateGradient(ctx, problem, kScaledGradientOutput,
                                      /*forward_logits=*/false, &inputs, &gradient, &unused);
           !e.ok()) {
         return FailKernel(ctx, e);
       }
-      CountEarlyGradient(EarlyGradientEvent::kMade);
     }
   }
   switch (problem.attrs.logits_dtype) {

@@ -33,17 +33,17 @@ struct RowsArgs {
   int64_t ignore_class = 0;
   const void* logits = nullptr;    // [N, C] of `type`
   const void* labels = nullptr;    // [N] int32/int64, or [N, C] of `type`
-  const void* upstream = nullptr;  // [N] of `type`, gradient only; null: `upstream_value`
-  float upstream_value = 0;         // every row's upstream when `upstream` is null
+  const void* upstream = nullptr;  // [N] of `type`, gradient only; null: `row_scales`
   void* out = nullptr;             // [N] loss, or [N, C] gradient, of `type`
   bool in_place = false;           // the gradient is written over the logits (out == logits)
   // Row statistics (problem.h): the forward writes them to `stats_out`; a gradient reads them
   // from `stats_in` when the forward's were given (null: it finds them itself).
   float* stats_out = nullptr;
   const float* stats_in = nullptr;
-  // The forward's early gradient (problem.h): when set, the forward also writes d loss / d z
-  // times `upstream_value` here ([N, C] of `type`).
-  void* early_gradient = nullptr;
+  // A reduced loss's scaled gradient (problem.h): when set, the forward also writes
+  // row_scales[i] * d loss_i / d z_i here ([N, C] of `type`).
+  void* scaled_gradient = nullptr;
+  const float* row_scales = nullptr;  // [N]
 };
 
 // Computes rows [begin, end) of the output. Thread-safe: different ranges may run at once.

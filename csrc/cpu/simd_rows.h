@@ -15,10 +15,10 @@
 // with one read of it (1.3x faster at 65536 x 1000 than three passes); a focal row, whose
 // pass 3 is two passes, stores e_c first. The forward writes the statistics for every row.
 //
-// A forward asked for the early gradient (problem.h) runs the gradient's passes on the row it
-// has just summed: pass 2 stores e_c (into the early gradient row, for float), the loss is
-// taken, then pass 3 writes the gradient for the assumed upstream, exactly as the gradient op
-// without statistics would. A step then computes exp(z_c - max) once per element instead of
+// A forward given a reduced loss's row scales (problem.h) runs the gradient's passes on the row
+// it has just summed: pass 2 stores e_c (into the scaled gradient row, for float), the loss is
+// taken, then pass 3 writes the gradient with the row's scale as its upstream, as the gradient
+// op without statistics would. A step then computes exp(z_c - max) once per element instead of
 // twice: at 65536 x 1000 the whole step went from 1.8x to 1.1x the memory floor.
 //
 // p_c is e_c / (others + ties), which is exp(lp_c) with lp_c = (z_c - max) - log_sum as in
@@ -544,21 +544,20 @@ struct RowKernel {
   }
 };
 
-// The upstream gradient of one row: the gradient op's, or the one every row of an early
-// gradient assumes.
+// The upstream gradient of one row: the gradient op's, or a reduced loss's row scale.
 template <typename T>
 TMO_SIMD_INLINE float UpstreamAt(const RowsArgs& args, int64_t row) {
   return args.upstream != nullptr ? Load(static_cast<const T*>(args.upstream)[row])
-                                  : args.upstream_value;
+                                  : args.row_scales[row];
 }
 
-// The gradient op's arguments for the rows whose forward (`args`) also writes the early
-// gradient: its upstream is `upstream_value`, its statistics are the forward's.
+// The gradient op's arguments for the rows whose forward (`args`) also writes the scaled
+// gradient: its upstream is the row scales, its statistics are the forward's.
 inline RowsArgs GradientAfterForward(const RowsArgs& args) {
   RowsArgs gradient = args;
   gradient.forward = false;
-  gradient.out = args.early_gradient;
-  gradient.early_gradient = nullptr;
+  gradient.out = args.scaled_gradient;
+  gradient.scaled_gradient = nullptr;
   gradient.upstream = nullptr;
   gradient.stats_in = args.stats_out;
   gradient.stats_out = nullptr;
@@ -588,13 +587,13 @@ void ComputeRowGroupsTyped(const RowsArgs& args, int64_t begin, int64_t end);
 // Rows [begin, end) of one storage type and label kind (Label = T for dense targets).
 template <typename T, typename Label>
 void ComputeRowsTyped(const RowsArgs& args, int64_t begin, int64_t end) {
-  const bool early_gradient = args.forward && args.early_gradient != nullptr;
+  const bool scaled_gradient = args.forward && args.scaled_gradient != nullptr;
   if (args.num_classes <=
       (args.forward ? kMaxGroupClassesForward : kMaxGroupClassesGradient)) {
     ComputeRowGroupsTyped<T, Label>(args, begin, end);
-    // Rows of few classes are cheap to read twice: the early gradient is what the gradient op
+    // Rows of few classes are cheap to read twice: the scaled gradient is what the gradient op
     // would compute from the forward's statistics, by the same code.
-    if (early_gradient) ComputeRowsTyped<T, Label>(GradientAfterForward(args), begin, end);
+    if (scaled_gradient) ComputeRowsTyped<T, Label>(GradientAfterForward(args), begin, end);
     return;
   }
   constexpr bool kDense = std::is_same_v<Label, T>;
@@ -612,7 +611,7 @@ void ComputeRowsTyped(const RowsArgs& args, int64_t begin, int64_t end) {
   // Float gradients keep e_c in the output row itself; the rest needs float buffers of C.
   bool need_e = false;
   bool need_g = false;
-  if (early_gradient) {
+  if (scaled_gradient) {
     need_e = !std::is_same_v<T, float>;
     need_g = general_focal;
   } else if (forward) {
@@ -632,9 +631,9 @@ void ComputeRowsTyped(const RowsArgs& args, int64_t begin, int64_t end) {
 
   RowKernel<T, std::conditional_t<kDense, DenseWeights<T>, SparseWeights>> kernel{args,
                                                                                   num_classes};
-  // The gradient rows: the gradient op's output, or the forward's early gradient (null when
+  // The gradient rows: the gradient op's output, or the forward's scaled gradient (null when
   // the forward writes none).
-  T* gradient_rows = forward ? static_cast<T*>(args.early_gradient) : out;
+  T* gradient_rows = forward ? static_cast<T*>(args.scaled_gradient) : out;
   for (int64_t row = begin; row < end; ++row) {
     const T* z = logits + row * num_classes;
     T* grad = gradient_rows != nullptr ? gradient_rows + row * num_classes : nullptr;
@@ -675,8 +674,8 @@ void ComputeRowsTyped(const RowsArgs& args, int64_t begin, int64_t end) {
 
     if (forward) {
       const float max = RowMax(z, num_classes);
-      // The early gradient's last pass reads e_c, as a focal row's loss terms do.
-      const RowSoftmax sm = general_focal || early_gradient
+      // The scaled gradient's last pass reads e_c, as a focal row's loss terms do.
+      const RowSoftmax sm = general_focal || scaled_gradient
                                 ? RowExpSum<true>(z, num_classes, max, e)
                                 : RowExpSum<false>(z, num_classes, max, nullptr);
       float loss = 0.0f;
@@ -691,11 +690,11 @@ void ComputeRowsTyped(const RowsArgs& args, int64_t begin, int64_t end) {
       if (args.stats_out != nullptr) {
         WriteRowStats(args.stats_out, row, sm.max, sm.log_sum, sm.inv_sum);
       }
-      if (early_gradient) {
-        // The gradient op's computation without statistics, from this row's e_c: the same
-        // values bit for bit (test_early_gradient.py).
+      if (scaled_gradient) {
+        // The gradient op's computation without statistics, from this row's e_c, with the
+        // row's scale as its upstream.
         kernel.Gradient(z, labelled_only, w_y, weights, sm, StoredE{e}, e, g_buffer,
-                        args.upstream_value, grad);
+                        args.row_scales[row], grad);
       }
       continue;
     }

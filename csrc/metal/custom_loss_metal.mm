@@ -325,14 +325,14 @@ void ComputeOnGpu(const CustomLossAttrs& attrs, TF_OpKernelContext* ctx) {
   TensorPtr out;
   if (Error e = AllocateOutput(ctx, problem, &out); !e.ok()) return FailKernel(ctx, e);
   if (problem.attrs.direction == Direction::kForward) {
-    // The Metal kernels do not write row statistics or an early gradient (problem.h) yet: an
+    // The Metal kernels do not write row statistics or a scaled gradient (problem.h) yet: an
     // empty [0, 3] and an empty [0], and the gradient kernel computes from the logits, as it
     // does for any gradient given neither.
     TensorPtr stats;
     if (Error e = AllocateRowStats(ctx, problem, /*filled=*/false, &stats); !e.ok()) {
       return FailKernel(ctx, e);
     }
-    if (Error e = AllocateNoEarlyGradient(ctx, problem); !e.ok()) return FailKernel(ctx, e);
+    if (Error e = AllocateNoScaledGradient(ctx, problem); !e.ok()) return FailKernel(ctx, e);
   }
   // No rows: the (empty) output is complete and nothing is encoded, not even an empty dispatch.
   if (problem.num_rows == 0) return;
