@@ -25,6 +25,7 @@ import setup  # noqa: E402  (setup.py: importing it builds nothing)
 
 # The deployment target the real build ends up with on Apple silicon: pybind11 asks for
 # -mmacosx-version-min=10.14, which clang raises to 11.0, the first macOS on arm64.
+# TensorFlow's dylib says 12.0, which lld notes in a warning (as a Mac's ld64 would).
 DEPLOYMENT_TARGET = "11.0"
 TARGET = f"arm64-apple-macos{DEPLOYMENT_TARGET}"
 # Python's own symbols are left to the interpreter that loads the bundle (as every extension

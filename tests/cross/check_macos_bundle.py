@@ -10,8 +10,9 @@ What a Mac's dynamic loader would hold against the bundle, checked without a Mac
   3. every symbol it imports is bound to one of those libraries by name, except Python's own
      (_Py*, looked up in the interpreter that loads it): no other flat-namespace binding;
   4. every TF_* symbol it imports is exported by that libtensorflow_framework.2.dylib;
-  5. it is an Objective-C image of Apple's runtime (an __objc_imageinfo section, NSString, NSURL
-     and MTLCompileOptions bound from Foundation and Metal), carries its own
+  5. it is an Objective-C image of Apple's runtime built with ARC (an __objc_imageinfo section,
+     objc_msgSend and ARC's objc_storeStrong / objc_retainAutoreleasedReturnValue bound from
+     libobjc, NSString, NSURL and MTLCompileOptions from Foundation and Metal), carries its own
      ___isPlatformVersionAtLeast for @available, and exports PyInit__tf_metal_ops.
 Prints one line per check; exits 1 with every failed check named.
 """
@@ -109,11 +110,15 @@ def check(bundle: Path, framework: Path, checker: Checker) -> None:
 
     sections = checker.tool("llvm-objdump", "--macho", "--section-headers", str(bundle))
     classes = {c: imports.get(f"_OBJC_CLASS_$_{c}") for c in ("NSString", "NSURL", "MTLCompileOptions")}
+    # ARC's own entry points (clang emits them only under -fobjc-arc), from Apple's libobjc.
+    arc = {f: imports.get(f) for f in ("_objc_storeStrong", "_objc_retainAutoreleasedReturnValue")}
     apple_runtime = ("__objc_imageinfo" in sections and imports.get("_objc_msgSend") == "from libobjc"
+                     and set(arc.values()) == {"from libobjc"}
                      and classes == {"NSString": "from Foundation", "NSURL": "from Foundation",
                                      "MTLCompileOptions": "from Metal"})
-    checker.expect("Apple Objective-C runtime", apple_runtime,
-                   f"__objc_imageinfo, objc_msgSend {imports.get('_objc_msgSend')}, classes {classes}")
+    checker.expect("Apple Objective-C runtime with ARC", apple_runtime,
+                   f"__objc_imageinfo, objc_msgSend {imports.get('_objc_msgSend')}, ARC {arc}, "
+                   f"classes {classes}")
     defined = checker.tool("llvm-nm", "-m", "--defined-only", str(bundle))
     # Hidden in the bundle, as compiler-rt's copy is: "non-external (was a private external)".
     own_platform_check = re.search(r"\) non-external .*___isPlatformVersionAtLeast$", defined,
