@@ -23,7 +23,7 @@
 #     tests/test_objc_syntax.py checks them against). So the compile checks our code against
 #     those declarations, not against Apple's own headers;
 #   - tests/cross/macos_stubs: .tbd link stubs for Foundation, Metal, libobjc and libc++ listing
-#     the symbols we bind to, each from documentation (cited in each file);
+#     the symbols we bind to, each name from a public source cited in the file;
 #   - tests/cross/macos_platform_version.c: compiler-rt's ___isPlatformVersionAtLeast (for
 #     @available), which a Mac's clang links in by itself and Debian's clang cannot;
 #   - the CPython headers TensorFlow's macOS wheel ships (include/external/local_config_python).
