@@ -65,7 +65,8 @@ def main() -> None:
     parser.add_argument("--clang", default="clang++-19")
     parser.add_argument("--ld", default="ld64.lld-19")
     parser.add_argument("--nm", default="llvm-nm-19")
-    parser.add_argument("--libcxx-headers", type=Path, default=Path("/usr/lib/llvm-19/include/c++/v1"))
+    parser.add_argument("--libcxx-headers", type=Path,
+                        default=Path("/usr/lib/llvm-19/include/c++/v1"))
     parser.add_argument("--apple-decls", type=Path, required=True,
                         help="directory with Foundation/, Metal/ and dispatch/ headers")
     parser.add_argument("--sdk-version", required=True, help="the SDK the headers come from")
@@ -90,7 +91,7 @@ def main() -> None:
         *(f"-I{d}" for d in ext.include_dirs),
         # distutils adds the Python headers from sysconfig on a Mac; these are the macOS ones.
         "-I", str(python_include),
-        *(f"-D{name}={value}" if value is not None else f"-D{name}" for name, value in define_macros),
+        *(f"-D{name}" if value is None else f"-D{name}={value}" for name, value in define_macros),
     ]
     objects_dir = args.work / "objects"
     objects_dir.mkdir(parents=True, exist_ok=True)

@@ -96,23 +96,27 @@ def check(bundle: Path, framework: Path, checker: Checker) -> None:
     # The bind opcodes themselves: a flat-namespace bind names no library ordinal.
     binds = checker.tool("llvm-objdump", "--macho", "--bind", "--lazy-bind", str(bundle))
     flat_binds = sorted({line.split()[-1] for line in binds.splitlines()
-                         if " flat-namespace " in line and not PYTHON_SYMBOL.match(line.split()[-1])})
+                         if " flat-namespace " in line
+                         and not PYTHON_SYMBOL.match(line.split()[-1])})
     checker.expect("bind opcodes", not flat_binds,
-                   "no flat-namespace bind outside _Py*" if not flat_binds else f"{flat_binds[:20]}")
+                   f"flat-namespace binds outside _Py*: {flat_binds[:20]}" if flat_binds
+                   else "no flat-namespace bind outside _Py*")
 
     exported = set(checker.tool("llvm-nm", "-g", "--defined-only", "-j", str(framework)).split())
     tf_imports = sorted(s for s in imports if s.startswith("_TF_"))
     missing = [s for s in tf_imports if s not in exported]
     misbound = [s for s in tf_imports if imports[s] != "from libtensorflow_framework"]
     checker.expect("TF_* symbols", bool(tf_imports) and not missing and not misbound,
-                   f"{len(tf_imports)} imported, all exported by {framework.name}" if not
-                   (missing or misbound) else f"not exported: {missing}; not bound to it: {misbound}")
+                   f"not exported: {missing}; not bound to it: {misbound}" if missing or misbound
+                   else f"{len(tf_imports)} imported, all exported by {framework.name}")
 
     sections = checker.tool("llvm-objdump", "--macho", "--section-headers", str(bundle))
-    classes = {c: imports.get(f"_OBJC_CLASS_$_{c}") for c in ("NSString", "NSURL", "MTLCompileOptions")}
+    classes = {c: imports.get(f"_OBJC_CLASS_$_{c}")
+               for c in ("NSString", "NSURL", "MTLCompileOptions")}
     # ARC's own entry points (clang emits them only under -fobjc-arc), from Apple's libobjc.
     arc = {f: imports.get(f) for f in ("_objc_storeStrong", "_objc_retainAutoreleasedReturnValue")}
-    apple_runtime = ("__objc_imageinfo" in sections and imports.get("_objc_msgSend") == "from libobjc"
+    apple_runtime = ("__objc_imageinfo" in sections
+                     and imports.get("_objc_msgSend") == "from libobjc"
                      and set(arc.values()) == {"from libobjc"}
                      and classes == {"NSString": "from Foundation", "NSURL": "from Foundation",
                                      "MTLCompileOptions": "from Metal"})
