@@ -62,8 +62,35 @@ def tensorflow_version() -> str:
     return "unknown"
 
 
-def native_extension() -> Pybind11Extension:
-    tf_dir = tensorflow_dir()
+# The platforms the build knows, as native_extension() names them.
+LINUX, MACOS_X86_64, MACOS_ARM64 = "linux", "macos-x86_64", "macos-arm64"
+if not IS_MACOS:
+    HOST_TARGET = LINUX
+else:
+    HOST_TARGET = MACOS_ARM64 if BUILD_METAL else MACOS_X86_64
+
+# Objective-C++ (.mm) only: ARC, which the host code relies on to release every Metal object on
+# every path. The C++ files get no Objective-C flags at all.
+OBJC_COMPILE_ARGS = ["-fobjc-arc"]
+
+
+def native_extension(
+    target: str = HOST_TARGET, tf_dir: Path | None = None, tf_version: str | None = None
+) -> Pybind11Extension:
+    """The native library as `target` builds it, against the TensorFlow in `tf_dir`.
+
+    The defaults are this machine and the TensorFlow installed in this Python: what setup() builds.
+    tests/cross/macos_arm64_build.sh calls it with MACOS_ARM64 and the TensorFlow of a macOS
+    wheel, so that its cross-build uses exactly these sources, macros and flags.
+    """
+    if target not in (LINUX, MACOS_X86_64, MACOS_ARM64):
+        raise ValueError(
+            f"target must be one of {LINUX!r}, {MACOS_X86_64!r}, {MACOS_ARM64!r}; got {target!r}"
+        )
+    if tf_dir is None:
+        tf_dir = tensorflow_dir()
+    if tf_version is None:
+        tf_version = tensorflow_version()
     include_dir = tf_dir / "include"
     if not (include_dir / "tensorflow" / "c" / "kernels.h").exists():
         sys.exit(f"tf_metal_ops: {include_dir} has no tensorflow/c/kernels.h; is TensorFlow intact?")
@@ -81,7 +108,7 @@ def native_extension() -> Pybind11Extension:
         "csrc/cpu/gradient_cache.cc",
         "csrc/cpu/huge_pages.cc",
     ]
-    define_macros = [("TF_METAL_OPS_BUILT_AGAINST_TF", f'"{tensorflow_version()}"')]
+    define_macros = [("TF_METAL_OPS_BUILT_AGAINST_TF", f'"{tf_version}"')]
     # -ffp-contract=off: no multiply-add fused behind our back. The kernels spell each fused
     # multiply-add they want (Fma in csrc/cpu/simd_vector.h); left to the compiler, whether
     # `p * total - w` fuses depends on inlining context, so the same formula in two code paths
@@ -89,10 +116,10 @@ def native_extension() -> Pybind11Extension:
     # tests/test_simd_math.py builds with the same flag.
     extra_compile_args = ["-O3", "-fno-strict-aliasing", "-ffp-contract=off"]
     extra_link_args = []
-    if IS_MACOS:
+    if target != LINUX:
         framework = "libtensorflow_framework.2.dylib"
         extra_link_args += [str(tf_dir / framework), "-Wl,-rpath,@loader_path/../tensorflow"]
-        if BUILD_METAL:
+        if target == MACOS_ARM64:
             sources += metal_sources()
             # runtime.cc reports MetalCompiledIn() from this; the .mm files need the frameworks.
             # TF_METAL_OPS_KERNEL_LIBRARY is added by MetalBuildExt once it knows whether the
@@ -142,6 +169,11 @@ def metal_sources() -> list:
     return objc + cpp + ["csrc/launch_plan.cc"]
 
 
+def kernel_library_macro(precompiled: bool) -> tuple:
+    """Tells runtime.cc where the kernels come from: the .metallib, or the source at first use."""
+    return ("TF_METAL_OPS_KERNEL_LIBRARY", '"precompiled"' if precompiled else '"source"')
+
+
 class MetalBuildExt(build_ext):
     """build_ext that also compiles Objective-C++ (.mm, with ARC) and the Metal kernel library."""
 
@@ -153,10 +185,8 @@ class MetalBuildExt(build_ext):
         compile_one = compiler._compile
 
         def compile_with_arc(obj, src, ext, cc_args, extra_postargs, pp_opts):
-            # ARC for the Objective-C++ files only: the host code relies on it to release every
-            # Metal object on every path. The C++ files get no Objective-C flags at all.
             if ext == ".mm":
-                extra_postargs = [*extra_postargs, "-fobjc-arc"]
+                extra_postargs = [*extra_postargs, *OBJC_COMPILE_ARGS]
             compile_one(obj, src, ext, cc_args, extra_postargs, pp_opts)
 
         compiler._compile = compile_with_arc
@@ -170,9 +200,7 @@ class MetalBuildExt(build_ext):
             self._install_kernel_source(package_dir / "kernels")
         # Replaced, not appended: build_ext may run more than once on the same Extension.
         ext.define_macros = [m for m in ext.define_macros if m[0] != "TF_METAL_OPS_KERNEL_LIBRARY"]
-        ext.define_macros.append(
-            ("TF_METAL_OPS_KERNEL_LIBRARY", '"precompiled"' if precompiled else '"source"')
-        )
+        ext.define_macros.append(kernel_library_macro(precompiled))
         super().build_extension(ext)
 
     def _install_kernel_source(self, destination: Path) -> None:
@@ -217,7 +245,10 @@ class MetalBuildExt(build_ext):
         return True
 
 
-setup(
-    ext_modules=[native_extension()],
-    cmdclass={"build_ext": MetalBuildExt if BUILD_METAL else build_ext},
-)
+# Guarded so that tests/cross/macos_arm64_build.sh can import native_extension() without building.
+# pip's build backend and `python setup.py ...` both run this file as __main__.
+if __name__ == "__main__":
+    setup(
+        ext_modules=[native_extension()],
+        cmdclass={"build_ext": MetalBuildExt if BUILD_METAL else build_ext},
+    )
