@@ -72,8 +72,10 @@ CHILD = textwrap.dedent("""
 def _run(**settings: str) -> list:
     # Our gradient cache would serve the second step from the first step's memory (and advise
     # its own buffer): off here, so each step's fresh TensorFlow output is what is checked.
-    # tests/test_gradient_cache.py covers the cache.
-    env = dict(TF_METAL_OPS_CPU_GRADIENT_CACHE="0", **settings)
+    # tests/test_gradient_cache.py covers the cache. oneDNN off too: where TensorFlow turns it
+    # on by itself (x86-64 CPUs with AVX-512 VNNI, BF16 or AMX), its CPU allocator is the
+    # caching one, whose reused memory is never advised (the last test here).
+    env = dict(TF_METAL_OPS_CPU_GRADIENT_CACHE="0", TF_ENABLE_ONEDNN_OPTS="0", **settings)
     completed = run_python(CHILD, env=env,
                            unset=("TF_METAL_OPS_CPU_HUGE_PAGES", "TF_CPU_ALLOCATOR_USE_BFC"))
     steps = last_json_line(completed)
