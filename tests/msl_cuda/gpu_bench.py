@@ -43,6 +43,47 @@ def bench(fn) -> float:
     return float(triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median"))
 
 
+FLUSH = None
+
+
+def _profiled_kernels(fn, iters: int) -> dict:
+    """Total microseconds per CUDA kernel name over `iters` calls of fn, each after an L2 flush."""
+    global FLUSH
+    if FLUSH is None:
+        FLUSH = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            FLUSH.zero_()
+            fn()
+        torch.cuda.synchronize()
+    totals: dict = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            totals[e.name] = totals.get(e.name, 0.0) + e.time_range.elapsed_us()
+    return totals
+
+
+FLUSH_KERNELS = None
+
+
+def kernel_time(fn, iters: int = 20) -> dict:
+    """Device time of fn without the launch gaps: the mean per call of the summed durations of
+    its kernels (L2 flushed before each call; the flush's own kernels left out), in ms, total and
+    per kernel. Wall-clock medians (`bench`) include the host's launch overhead as well."""
+    global FLUSH_KERNELS
+    try:
+        if FLUSH_KERNELS is None:
+            FLUSH_KERNELS = set(_profiled_kernels(lambda: None, 2))
+        totals = {k: v / iters / 1e3 for k, v in _profiled_kernels(fn, iters).items()
+                  if k not in FLUSH_KERNELS}
+    except Exception as e:  # noqa: BLE001 - the wall-clock figures stand without it
+        return dict(total_ms=None, kernels={}, error=f"{type(e).__name__}: {e}"[:300])
+    return dict(total_ms=sum(totals.values()), kernels=totals)
+
+
 class Ours:
     def __init__(self, library: str, cubin: str):
         self.lib = ctypes.CDLL(library)
@@ -116,8 +157,8 @@ def run(library: str, cubin: str, out_path: Path) -> None:
                    triton=triton.__version__, copy_bandwidth_bytes_per_s=bandwidth,
                    liger_error=liger_error, rows=[], sweep=[])
     if liger is not None:
-        import liger_kernel  # noqa: PLC0415
-        results["liger"] = getattr(liger_kernel, "__version__", "?")
+        import importlib.metadata  # noqa: PLC0415
+        results["liger"] = importlib.metadata.version("liger-kernel")
     gen = torch.Generator(device="cuda").manual_seed(0)
     for (n, c) in SHAPES:
         for dtype_name, (dtype, _) in DTYPES.items():
@@ -146,6 +187,7 @@ def run(library: str, cubin: str, out_path: Path) -> None:
                     (grad.double() - ref_grad).abs().max() / ref_grad.abs().max())
                 row[key + "_plan"] = plans
                 row[key + "_ms"] = bench(fn)
+                row[key + "_kernel"] = kernel_time(fn)
             del x64, ref_loss, ref_grad
 
             xt = x.clone().requires_grad_(True)
@@ -154,6 +196,7 @@ def run(library: str, cubin: str, out_path: Path) -> None:
                     xt.grad = None
                     F.cross_entropy(xt, y, label_smoothing=eps).backward()
                 row[key + "_ms"] = bench(torch_step)
+                row[key + "_kernel"] = kernel_time(torch_step)
             del xt
             if liger is not None:
                 xl = x.clone().requires_grad_(True)
@@ -164,25 +207,27 @@ def run(library: str, cubin: str, out_path: Path) -> None:
                         out[0].backward()
                     try:
                         row[key + "_ms"] = bench(liger_step)
+                        row[key + "_kernel"] = kernel_time(liger_step)
                     except Exception as e:  # noqa: BLE001
                         row[key + "_error"] = f"{type(e).__name__}: {e}"[:300]
                 del xl
             # The rowtg threadgroup size (PlanLaunch under a lowered pipeline limit).
             if dtype_name == "float32":
-                for limit in SWEEP_LIMITS:
-                    fn, plans = ours.step(x, y, up, loss, grad, max_threads=limit)
+                seen = []
+                for limit, variant in [(m, -1) for m in SWEEP_LIMITS] + [(1024, int(c > 256))]:
+                    fn, plans = ours.step(x, y, up, loss, grad, max_threads=limit, variant=variant)
+                    if plans in seen:
+                        continue
+                    seen.append(plans)
                     results["sweep"].append(dict(n=n, c=c, dtype=dtype_name, max_threads=limit,
-                                                 plan=plans[1], ms=bench(fn)))
-                if c <= 256:  # the other variant, forced
-                    fn, plans = ours.step(x, y, up, loss, grad, variant=0)
-                    results["sweep"].append(dict(n=n, c=c, dtype=dtype_name, max_threads=1024,
-                                                 plan=plans[1], ms=bench(fn)))
+                                                 plan=plans[1], ms=bench(fn),
+                                                 kernel_ms=kernel_time(fn)["total_ms"]))
             del x, y, up, loss, grad
             torch.cuda.empty_cache()
             row["seconds"] = time.time() - t0
             results["rows"].append(row)
-            print(json.dumps({k: v for k, v in row.items() if not k.endswith("_plan")}),
-                  flush=True)
+            print(json.dumps({k: v for k, v in row.items()
+                              if not k.endswith(("_plan", "_kernel"))}), flush=True)
     out_path.write_text(json.dumps(results, indent=1))
 
 

@@ -91,11 +91,9 @@ sanitizer=$(command -v compute-sanitizer || ls "$cuda_home"/bin/compute-sanitize
   "$cuda_home"/compute-sanitizer/compute-sanitizer 2>/dev/null | head -1)
 : >"$out/sanitizers.txt"
 for tool in memcheck racecheck synccheck initcheck; do
-  extra=()
-  [ "$tool" = initcheck ] && extra=(--track-unused-memory no)
   rm -f "$cases"/*/output.bin
   start=$(date +%s)
-  timeout "${SANITIZER_TIMEOUT:-120}" "${sanitizer:-compute-sanitizer}" --tool "$tool" "${extra[@]}" --error-exitcode 99 \
+  timeout "${SANITIZER_TIMEOUT:-120}" "${sanitizer:-compute-sanitizer}" --tool "$tool" --error-exitcode 99 \
     "$work/tfmo_cuda_main" cases "$cubin" "$cases"/*/ >"$work/$tool.txt" 2>&1
   rc=$?
   check=$(python3 "$here/gpu_cases.py" check "$cases" 2>&1 | tail -1)
@@ -103,6 +101,7 @@ for tool in memcheck racecheck synccheck initcheck; do
     echo "## $tool: exit $rc, $(($(date +%s) - start)) s"
     grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|cases run' "$work/$tool.txt"
     grep -m 20 -E '^=+ +(Invalid|Race|Barrier|Uninitialized|Error|Warning)' "$work/$tool.txt"
+    [ "$rc" = 0 ] || tail -5 "$work/$tool.txt"
     echo "outputs under $tool: $check"
   } >>"$out/sanitizers.txt"
   [ "$rc" = 0 ] || status=1

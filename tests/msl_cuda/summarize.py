@@ -46,7 +46,29 @@ def timing_table(bench: dict) -> list:
             f"{ratio('liger')} | {plan['kernel'].replace('tfmo_custom_loss_', '')} "
             f"{plan['grid'][0]}x{plan['grid'][1]} x {plan['threads']} threads, "
             f"{plan['threads_per_row']}/row |")
-    lines += ["", "Peers relative to the floor (time / floor time):", "",
+    lines += ["", "Device time alone (the summed durations of each step's kernels, launch gaps "
+              "left out; mean of 20 steps, L2 flushed before each), ms; ours split into its "
+              "forward and gradient kernels:", "",
+              "| N x C | dtype | floor | ours | = forward + gradient | x floor | ours eps=.1 | "
+              "torch | torch eps=.1 | liger | liger eps=.1 | ours / torch | ours / liger |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in bench["rows"]:
+        k = lambda key: (r.get(key + "_kernel") or {}).get("total_ms")  # noqa: E731
+        ours_k = r.get("ours_kernel") or {}
+        if not ours_k.get("total_ms"):
+            lines.append(f"| {r['n']} x {r['c']} | {r['dtype']} | no profile: "
+                         f"{ours_k.get('error', 'not measured')} |")
+            continue
+        fwd = sum(v for name, v in ours_k["kernels"].items() if "forward" in name)
+        grad = sum(v for name, v in ours_k["kernels"].items() if "gradient" in name)
+        ratio = lambda peer: "-" if not k(peer) else f"{ours_k['total_ms'] / k(peer):.2f}"  # noqa: E731
+        lines.append(
+            f"| {r['n']} x {r['c']} | {r['dtype']} | {r['floor_ms']:.3f} | "
+            f"{ours_k['total_ms']:.3f} | {fwd:.3f} + {grad:.3f} | "
+            f"{ours_k['total_ms'] / r['floor_ms']:.2f} | {_ms(k('ours_smooth'))} | "
+            f"{_ms(k('torch'))} | {_ms(k('torch_smooth'))} | {_ms(k('liger'))} | "
+            f"{_ms(k('liger_smooth'))} | {ratio('torch')} | {ratio('liger')} |")
+    lines += ["", "Peers relative to the floor (wall-clock time / floor time):", "",
               "| N x C | dtype | torch | torch eps=.1 | liger | liger eps=.1 |", "|---|---|---|---|---|---|"]
     for r in bench["rows"]:
         cells = [("-" if r.get(p + "_ms") is None else f"{r[p + '_ms'] / r['floor_ms']:.2f}")
@@ -67,12 +89,14 @@ def timing_table(bench: dict) -> list:
     if bench.get("sweep"):
         lines += ["", "Threadgroup size on this GPU (float32, eps=0; PlanLaunch under a lowered "
                   "maxTotalThreadsPerThreadgroup, or the other variant forced), ms:", "",
-                  "| N x C | gradient kernel's plan | ms |", "|---|---|---|"]
+                  "| N x C | gradient kernel's plan | ms (wall) | ms (kernels) |",
+                  "|---|---|---|---|"]
         for s in bench["sweep"]:
             p = s["plan"]
             lines.append(f"| {s['n']} x {s['c']} | {p['kernel'].split('_')[4]} "
                          f"{p['threads']} threads, {p['threads_per_row']}/row, "
-                         f"{p['rows_per_threadgroup']} rows/threadgroup | {s['ms']:.3f} |")
+                         f"{p['rows_per_threadgroup']} rows/threadgroup | {s['ms']:.3f} | "
+                         f"{s.get('kernel_ms', float('nan')):.3f} |")
     return lines
 
 
