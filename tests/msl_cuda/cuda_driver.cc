@@ -46,7 +46,7 @@ static_assert(sizeof(CustomLossParams) <= kInlineBytes, "params do not fit the i
   X(cuInit) X(cuGetErrorString) X(cuCtxGetCurrent) X(cuCtxSetCurrent) X(cuDeviceGet)       \
   X(cuDevicePrimaryCtxRetain) X(cuModuleLoadData) X(cuModuleGetFunction) X(cuFuncGetAttribute) \
   X(cuLaunchKernel) X(cuCtxSynchronize) X(cuMemAlloc) X(cuMemFree) X(cuMemcpyDtoH)          \
-  X(cuMemcpyHtoDAsync) X(cuModuleGetFunctionCount) X(cuModuleEnumerateFunctions) X(cuFuncGetName)
+  X(cuMemcpyHtoDAsync) X(cuMemsetD8) X(cuModuleGetFunctionCount) X(cuModuleEnumerateFunctions) X(cuFuncGetName)
 
 struct CudaApi {
 #define TFMO_DECLARE(fn) decltype(&::fn) fn = nullptr;
@@ -267,6 +267,9 @@ extern "C" int tfmo_cuda_load(const char* cubin_path, char* error, uint32_t erro
     const char* mangled = nullptr;
     api.cuFuncGetName(&mangled, f);
     const std::string symbol = mangled == nullptr ? "?" : mangled;
+    // Cleared first: the entry writes only the name and the last byte, and all 128 come back.
+    if ((r = api.cuMemsetD8(name_buffer, 0, kNameBytes)) != CUDA_SUCCESS)
+      return fail(cu_error(r, "cuMemsetD8"));
     LaunchArgs args;
     std::memset(&args, 0, sizeof(args));
     args.buffers[0] = reinterpret_cast<void*>(name_buffer);
