@@ -10,6 +10,10 @@
 //     geometry on device memory: the output starts as 0x7B bytes (so an element the kernel does
 //     not write cannot pass) and the error record as the encoder initializes it. Writes
 //     DIR/output.bin, DIR/error_record.bin and DIR/plan.txt. Exit 0 when every case ran.
+//   tfmo_cuda_main synth CUBIN N C DTYPE
+//     One forward and one gradient launch on N x C random logits (DTYPE 0 float32, 2 bfloat16;
+//     normal, sd 2), int64 labels, upstream 1/N, planned as the encoder plans them: the program
+//     that ncu profiles (run_on_gpu.sh).
 #include <cuda.h>
 #include <dlfcn.h>
 
@@ -159,6 +163,90 @@ int run_case(const Memory& m, const std::string& dir) {
   return 0;
 }
 
+// bfloat16 bits of a float, round to nearest even (finite inputs only).
+uint16_t to_bfloat16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  return static_cast<uint16_t>((x + 0x7FFFu + ((x >> 16) & 1u)) >> 16);
+}
+
+int run_synthetic(const Memory& m, int64_t n, int64_t c, int32_t dtype) {
+  uint64_t state = 0x9E3779B97F4A7C15ull;
+  auto uniform = [&state] {  // xorshift64*, 24 bits
+    state ^= state >> 12;
+    state ^= state << 25;
+    state ^= state >> 27;
+    return static_cast<float>((state * 0x2545F4914F6CDD1Dull) >> 40) * (1.0f / 16777216.0f);
+  };
+  const size_t elements = static_cast<size_t>(n) * static_cast<size_t>(c);
+  const size_t es = dtype_bytes(dtype);
+  std::vector<char> logits(elements * es);
+  for (size_t i = 0; i < elements; ++i) {
+    // Irwin-Hall: the sum of 4 uniforms, centred and scaled to sd 2.
+    const float z = (uniform() + uniform() + uniform() + uniform() - 2.0f) * 3.4641016f;
+    if (dtype == 0) {
+      std::memcpy(&logits[i * 4], &z, 4);
+    } else {
+      const uint16_t b = to_bfloat16(z);
+      std::memcpy(&logits[i * 2], &b, 2);
+    }
+  }
+  std::vector<char> labels(static_cast<size_t>(n) * 8);
+  std::vector<char> upstream(static_cast<size_t>(n) * es);
+  const float up = 1.0f / static_cast<float>(n);
+  for (int64_t r = 0; r < n; ++r) {
+    const int64_t y = static_cast<int64_t>(uniform() * static_cast<float>(c)) % c;
+    std::memcpy(&labels[static_cast<size_t>(r) * 8], &y, 8);
+    if (dtype == 0) {
+      std::memcpy(&upstream[static_cast<size_t>(r) * 4], &up, 4);
+    } else {
+      const uint16_t b = to_bfloat16(up);
+      std::memcpy(&upstream[static_cast<size_t>(r) * 2], &b, 2);
+    }
+  }
+  DeviceArray d_logits, d_labels, d_upstream, d_loss, d_grad, d_record;
+  bool ok = upload(m, logits, &d_logits) && upload(m, labels, &d_labels) &&
+            upload(m, upstream, &d_upstream) &&
+            m.alloc(&d_loss.ptr, static_cast<size_t>(n) * es) == CUDA_SUCCESS &&
+            m.alloc(&d_grad.ptr, elements * es) == CUDA_SUCCESS &&
+            m.alloc(&d_record.ptr, 32) == CUDA_SUCCESS;
+  if (!ok) {
+    std::cerr << "synth: cannot set up device memory\n";
+    return 1;
+  }
+  for (int32_t direction = 0; direction < 2; ++direction) {
+    TfmoEmuCase k;
+    std::memset(&k, 0, sizeof(k));
+    k.num_rows = n;
+    k.num_classes = c;
+    k.dtype = dtype;
+    k.label_kind = 1;
+    k.direction = direction;
+    k.variant = -1;
+    k.has_ignore_class = 1;
+    k.ignore_class = -100;
+    k.max_total_threads_per_threadgroup = 1024;
+    k.thread_execution_width = 32;
+    k.logits = reinterpret_cast<const void*>(d_logits.ptr);
+    k.labels = reinterpret_cast<const void*>(d_labels.ptr);
+    k.upstream = reinterpret_cast<const void*>(d_upstream.ptr);
+    k.output = reinterpret_cast<void*>(direction == 0 ? d_loss.ptr : d_grad.ptr);
+    k.error_record = reinterpret_cast<uint32_t*>(d_record.ptr);
+    TfmoEmuResult r;
+    if (!tfmo_cuda_run(&k, &r, nullptr, 1) || m.sync() != CUDA_SUCCESS) {
+      std::cerr << "synth: " << r.error << "\n";
+      return 1;
+    }
+    std::printf("%s grid %ux%u threads %u threads_per_row %u\n", r.kernel_name,
+                r.threadgroups_per_grid[0], r.threadgroups_per_grid[1],
+                r.threads_per_threadgroup[0], r.threads_per_row);
+  }
+  for (DeviceArray* a : {&d_logits, &d_labels, &d_upstream, &d_loss, &d_grad, &d_record}) {
+    if (a->ptr != 0) m.free(a->ptr);
+  }
+  return 0;
+}
+
 int load(const char* cubin) {
   char error[1024];
   const int n = tfmo_cuda_load(cubin, error, sizeof(error));
@@ -202,7 +290,13 @@ int main(int argc, char** argv) {
     std::printf("%d cases run, %d failed\n", argc - 3, failed);
     return failed == 0 ? 0 : 1;
   }
+  if (command == "synth" && argc == 6) {
+    Memory m;
+    if (load(argv[2]) <= 0 || !load_memory(&m)) return 1;
+    return run_synthetic(m, std::stoll(argv[3]), std::stoll(argv[4]), std::stoi(argv[5]));
+  }
   std::cerr << "usage: " << argv[0]
-            << " compile REPO CUBIN [ARCH] | info CUBIN | cases CUBIN DIR...\n";
+            << " compile REPO CUBIN [ARCH] | info CUBIN | cases CUBIN DIR... |"
+               " synth CUBIN N C DTYPE\n";
   return 2;
 }

@@ -21,7 +21,7 @@ work=$(mktemp -d)
 cuda_home=${CUDA_HOME:-/usr/local/cuda}
 arch=${ARCH:-90}
 status=0
-log="$out/run.log"
+log="$work/run.log"
 : >"$log"
 note() { echo "== $*" | tee -a "$log"; }
 
@@ -66,7 +66,8 @@ if ! "$work/tfmo_cuda_main" compile "$repo" "$cubin" "$arch" >"$out/nvrtc_log.tx
   tail -30 "$out/nvrtc_log.txt" | tee -a "$log"
   exit 1
 fi
-note "NVRTC compiled kernels/custom_loss.metal in $((($(date +%s%N) - start) / 1000000)) ms; warnings: $(grep -c 'warning' "$out/nvrtc_log.txt")"
+note "NVRTC compiled kernels/custom_loss.metal in $((($(date +%s%N) - start) / 1000000)) ms; warnings: $(grep -c 'warning' "$out/nvrtc_log.txt")" |
+  tee -a "$out/nvrtc_log.txt"
 "$work/tfmo_cuda_main" info "$cubin" >"$out/kernels.txt" 2>&1 || status=1
 tail -1 "$out/kernels.txt" | tee -a "$log"
 
@@ -107,6 +108,28 @@ for tool in memcheck racecheck synccheck initcheck; do
   [ "$rc" = 0 ] || status=1
   tail -4 "$out/sanitizers.txt" | tee -a "$log"
 done
+
+note "ncu"
+# Where the time goes in the two kernels at two sizes: throughput against the chip's peaks,
+# occupancy. The module's 36 name queries come first: skipped.
+ncu_bin=$(command -v ncu || ls "$cuda_home"/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+queries=$(tail -1 "$out/kernels.txt" | cut -d' ' -f1)
+: >"$out/profile.txt"
+if [ -n "$ncu_bin" ]; then
+  for shape in "65536 1000 0" "65536 1000 2" "8192 128256 0" "8192 128256 2"; do
+    read -r pn pc pd <<<"$shape"
+    echo "## $pn x $pc, $([ "$pd" = 0 ] && echo float32 || echo bfloat16)" >>"$out/profile.txt"
+    timeout 150 "$ncu_bin" --clock-control none --section SpeedOfLight --section Occupancy \
+      --section LaunchStats --launch-skip "$queries" --launch-count 2 \
+      "$work/tfmo_cuda_main" synth "$cubin" "$pn" "$pc" "$pd" >"$work/ncu.txt" 2>&1 || status=1
+    grep -E 'custom_loss_|Duration|Throughput|Occupancy|Registers Per|Block Size|ERR' "$work/ncu.txt" |
+      sed -E 's/void msl_cuda::entry<&tfmo::(custom_loss_[a-z_]+)<([^>]*)>>\(msl_cuda::LaunchArgs\)/\1<\2>/' |
+      cut -c1-160 >>"$out/profile.txt"
+  done
+else
+  echo "ncu not found" >>"$out/profile.txt"
+fi
+tail -12 "$out/profile.txt" | tee -a "$log"
 
 note "summary"
 python3 "$here/summarize.py" "$out" >"$out/RESULTS.md" 2>>"$log" || status=1

@@ -114,6 +114,8 @@ def main(root: Path) -> int:
     lines += _read(root / "correctness.txt").strip().splitlines()[-12:] + ["```", ""]
     lines += ["## compute-sanitizer (the same matrix; outputs re-checked after each tool)", "",
               "```"] + _read(root / "sanitizers.txt").strip().splitlines() + ["```", ""]
+    lines += ["## Nsight Compute (forward then gradient kernel, as planned; `--clock-control none`)",
+              "", "```"] + _read(root / "profile.txt").strip().splitlines() + ["```", ""]
     bench_path = root / "bench.json"
     lines += ["## Timing", ""]
     if bench_path.exists():
