@@ -46,7 +46,8 @@ static_assert(sizeof(CustomLossParams) <= kInlineBytes, "params do not fit the i
   X(cuInit) X(cuGetErrorString) X(cuCtxGetCurrent) X(cuCtxSetCurrent) X(cuDeviceGet)       \
   X(cuDevicePrimaryCtxRetain) X(cuModuleLoadData) X(cuModuleGetFunction) X(cuFuncGetAttribute) \
   X(cuLaunchKernel) X(cuCtxSynchronize) X(cuMemAlloc) X(cuMemFree) X(cuMemcpyDtoH)          \
-  X(cuMemcpyHtoDAsync) X(cuMemsetD8) X(cuModuleGetFunctionCount) X(cuModuleEnumerateFunctions) X(cuFuncGetName)
+  X(cuMemcpyHtoDAsync) X(cuMemsetD8) X(cuModuleGetFunctionCount) X(cuModuleEnumerateFunctions) \
+  X(cuFuncGetName)
 
 struct CudaApi {
 #define TFMO_DECLARE(fn) decltype(&::fn) fn = nullptr;

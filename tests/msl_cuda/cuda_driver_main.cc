@@ -3,7 +3,7 @@
 //   tfmo_cuda_main compile REPO CUBIN [ARCH]
 //     NVRTC: REPO/kernels/custom_loss.metal -> CUBIN (sm_ARCH, default 90); prints the log.
 //   tfmo_cuda_main info CUBIN
-//     Loads CUBIN and prints each kernel's host_name, registers, max threads per block, local bytes.
+//     Loads CUBIN; prints each kernel's host_name, registers, max threads per block, local bytes.
 //   tfmo_cuda_main cases CUBIN DIR...
 //     Each DIR is a case in the format of tests/msl_host/custom_loss_driver_main.cc (case.txt and
 //     {logits,labels,class_weights,upstream}.bin, written by gpu_cases.py). Runs it with the plan's

@@ -207,7 +207,8 @@ def _one_configuration(ours, liger, row: dict, sweep: list, x, y, up, loss, grad
                 continue
             seen.append(plans)
             if profiled:
-                entry = next(e for e in sweep if e["n"] == n and e["c"] == c and e["plan"] == plans[1])
+                entry = next(e for e in sweep
+                             if e["n"] == n and e["c"] == c and e["plan"] == plans[1])
                 entry["kernel_ms"] = kernel_time(fn)["total_ms"]
             else:
                 sweep.append(dict(n=n, c=c, dtype="float32", max_threads=limit, plan=plans[1],

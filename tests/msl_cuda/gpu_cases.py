@@ -1,4 +1,4 @@
-"""The correctness matrix of the Metal kernels on an NVIDIA GPU (tests/msl_cuda; needs no GPU itself).
+"""The correctness matrix of the Metal kernels on an NVIDIA GPU (this file itself needs no GPU).
 
     python gpu_cases.py write DIR    # one case directory per launch, with the float64 reference
     tfmo_cuda_main cases CUBIN DIR/*  # (run_on_gpu.sh) the kernels write output.bin there

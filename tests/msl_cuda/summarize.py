@@ -37,7 +37,8 @@ def timing_table(bench: dict) -> list:
         plan = r["ours_plan"][1]
         ours = r["ours_ms"]
         gbs = r["floor_bytes"] / (ours * 1e-3) / 1e9
-        ratio = lambda peer: "-" if r.get(peer + "_ms") is None else f"{ours / r[peer + '_ms']:.2f}"  # noqa: E731
+        def ratio(peer, r=r, ours=ours):
+            return "-" if r.get(peer + "_ms") is None else f"{ours / r[peer + '_ms']:.2f}"
         lines.append(
             f"| {r['n']} x {r['c']} | {r['dtype']} | {r['floor_ms']:.3f} | {ours:.3f} | "
             f"{gbs:.0f} | {ours / r['floor_ms']:.2f} | {_ms(r.get('ours_smooth_ms'))} | "
@@ -61,7 +62,8 @@ def timing_table(bench: dict) -> list:
             continue
         fwd = sum(v for name, v in ours_k["kernels"].items() if "forward" in name)
         grad = sum(v for name, v in ours_k["kernels"].items() if "gradient" in name)
-        ratio = lambda peer: "-" if not k(peer) else f"{ours_k['total_ms'] / k(peer):.2f}"  # noqa: E731
+        def ratio(peer, k=k, total=ours_k["total_ms"]):
+            return "-" if not k(peer) else f"{total / k(peer):.2f}"
         lines.append(
             f"| {r['n']} x {r['c']} | {r['dtype']} | {r['floor_ms']:.3f} | "
             f"{ours_k['total_ms']:.3f} | {fwd:.3f} + {grad:.3f} | "
@@ -69,14 +71,16 @@ def timing_table(bench: dict) -> list:
             f"{_ms(k('torch'))} | {_ms(k('torch_smooth'))} | {_ms(k('liger'))} | "
             f"{_ms(k('liger_smooth'))} | {ratio('torch')} | {ratio('liger')} |")
     lines += ["", "Peers relative to the floor (wall-clock time / floor time):", "",
-              "| N x C | dtype | torch | torch eps=.1 | liger | liger eps=.1 |", "|---|---|---|---|---|---|"]
+              "| N x C | dtype | torch | torch eps=.1 | liger | liger eps=.1 |",
+              "|---|---|---|---|---|---|"]
     for r in bench["rows"]:
         cells = [("-" if r.get(p + "_ms") is None else f"{r[p + '_ms'] / r['floor_ms']:.2f}")
                  for p in PEERS]
         lines.append(f"| {r['n']} x {r['c']} | {r['dtype']} | " + " | ".join(cells) + " |")
     lines += ["", "Ours against float64 torch on the timed inputs (max relative loss error; max "
               "gradient error relative to the largest gradient element):", "",
-              "| N x C | dtype | loss | grad | loss eps=.1 | grad eps=.1 |", "|---|---|---|---|---|---|"]
+              "| N x C | dtype | loss | grad | loss eps=.1 | grad eps=.1 |",
+              "|---|---|---|---|---|---|"]
     for r in bench["rows"]:
         lines.append(f"| {r['n']} x {r['c']} | {r['dtype']} | {r['ours_loss_max_rel_err']:.1e} | "
                      f"{r['ours_grad_max_err_rel_to_max']:.1e} | "
@@ -114,7 +118,7 @@ def main(root: Path) -> int:
     lines += _read(root / "correctness.txt").strip().splitlines()[-12:] + ["```", ""]
     lines += ["## compute-sanitizer (the same matrix; outputs re-checked after each tool)", "",
               "```"] + _read(root / "sanitizers.txt").strip().splitlines() + ["```", ""]
-    lines += ["## Nsight Compute (forward then gradient kernel, as planned; `--clock-control none`)",
+    lines += ["## Nsight Compute (forward, then gradient kernel, as planned; clocks left alone)",
               "", "```"] + _read(root / "profile.txt").strip().splitlines() + ["```", ""]
     bench_path = root / "bench.json"
     lines += ["## Timing", ""]
