@@ -145,7 +145,6 @@ LaunchPlan PlanLaunch(const LaunchDesc& desc, const PipelineLimits& limits) {
   p.num_rows = static_cast<tfmo_u32>(n);
   p.num_classes = static_cast<tfmo_u32>(c);
   p.gamma = desc.gamma;
-  p.label_smoothing = desc.label_smoothing;
   p.has_class_weights = desc.has_class_weights ? 1u : 0u;
   p.has_ignore_class = (sparse && desc.has_ignore_class) ? 1u : 0u;
   p.ignore_class = p.has_ignore_class ? desc.ignore_class : 0;
@@ -153,7 +152,6 @@ LaunchPlan PlanLaunch(const LaunchDesc& desc, const PipelineLimits& limits) {
   p.smooth_on = static_cast<float>(1.0 - static_cast<double>(desc.label_smoothing));
   p.smooth_off = static_cast<float>(static_cast<double>(desc.label_smoothing) / static_cast<double>(c));
   p.variant = static_cast<tfmo_u32>(plan.variant);
-  p.reserved = 0;
 
   uint64_t threads = 0;
   uint64_t groups = 0;  // threadgroups needed (before folding into x, y)
@@ -190,17 +188,17 @@ LaunchPlan PlanLaunch(const LaunchDesc& desc, const PipelineLimits& limits) {
   plan.threadgroups_per_grid[1] = static_cast<uint32_t>(grid_y);
   plan.threadgroups_per_grid[2] = groups == 0 ? 0 : 1;
 
-  auto bind = [&plan](uint32_t index, BufferRole role, bool written) {
-    plan.bindings.push_back({index, role, false, 0, written});
+  auto bind = [&plan](uint32_t index, BufferRole role) {
+    plan.bindings.push_back({index, role, false, 0});
   };
-  bind(TFMO_BUFFER_LOGITS, BufferRole::kLogits, false);
-  bind(TFMO_BUFFER_LABELS, BufferRole::kLabels, false);
-  bind(TFMO_BUFFER_CLASS_WEIGHTS, BufferRole::kClassWeights, false);
+  bind(TFMO_BUFFER_LOGITS, BufferRole::kLogits);
+  bind(TFMO_BUFFER_LABELS, BufferRole::kLabels);
+  bind(TFMO_BUFFER_CLASS_WEIGHTS, BufferRole::kClassWeights);
   plan.bindings.push_back({TFMO_BUFFER_PARAMS, BufferRole::kParams, true,
-                           static_cast<uint32_t>(sizeof(CustomLossParams)), false});
-  bind(TFMO_BUFFER_ERROR_RECORD, BufferRole::kErrorRecord, true);
-  bind(TFMO_BUFFER_OUTPUT, BufferRole::kOutput, true);
-  if (desc.direction == Direction::kGradient) bind(TFMO_BUFFER_UPSTREAM, BufferRole::kUpstream, false);
+                           static_cast<uint32_t>(sizeof(CustomLossParams))});
+  bind(TFMO_BUFFER_ERROR_RECORD, BufferRole::kErrorRecord);
+  bind(TFMO_BUFFER_OUTPUT, BufferRole::kOutput);
+  if (desc.direction == Direction::kGradient) bind(TFMO_BUFFER_UPSTREAM, BufferRole::kUpstream);
 
   plan.dispatch = n > 0;
   plan.ok = true;

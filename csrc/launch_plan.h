@@ -67,7 +67,6 @@ struct BufferBinding {
   BufferRole role;
   bool inline_bytes;  // true: setBytes:length:atIndex: with `length` bytes (plan.params)
   uint32_t length;    // bytes, for inline_bytes
-  bool written;       // the kernel writes this buffer (output, error record)
 };
 
 struct LaunchDesc {

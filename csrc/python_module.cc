@@ -13,12 +13,21 @@
 #include "csrc/cpu/parallel_for.h"
 #include "csrc/cpu/rows_dispatch.h"
 #include "csrc/runtime.h"
+#if defined(TF_METAL_OPS_WITH_METAL)
+#include "csrc/metal/custom_loss_metal.h"
+#endif
 
 #ifndef TF_METAL_OPS_BUILT_AGAINST_TF
 #define TF_METAL_OPS_BUILT_AGAINST_TF "unknown"
 #endif
+// setup.py defines it for Metal builds; without it a Metal build compiles the shipped source at
+// first use, as csrc/metal/kernel_library.mm assumes, and a build without Metal has none.
 #ifndef TF_METAL_OPS_KERNEL_LIBRARY
+#if defined(TF_METAL_OPS_WITH_METAL)
+#define TF_METAL_OPS_KERNEL_LIBRARY "source"
+#else
 #define TF_METAL_OPS_KERNEL_LIBRARY "none"
+#endif
 #endif
 
 namespace py = pybind11;
@@ -35,6 +44,11 @@ PYBIND11_MODULE(_tf_metal_ops, m) {
     // "precompiled" (.metallib next to the library), "source" (compiled at first use from the
     // shipped .metal source) or "none" (no Metal in this build).
     info["metal_kernel_library"] = TF_METAL_OPS_KERNEL_LIBRARY;
+#if defined(TF_METAL_OPS_WITH_METAL)
+    // A GPU kernel that failed to register leaves its dtype to the CPU: say so, and why.
+    info["gpu_kernel_dtypes"] = tmo::metal::RegisteredGpuDtypes();
+    info["gpu_kernel_registration_errors"] = tmo::metal::KernelRegistrationErrors();
+#endif
 #if defined(__clang__)
     info["compiler"] = std::string("clang ") + __clang_version__;
 #elif defined(__GNUC__)

@@ -45,17 +45,16 @@ struct CustomLossParams {
   tfmo_u32 num_rows;           // N (rows = examples); the kernels index rows with 32 bits
   tfmo_u32 num_classes;        // C >= 1
   float gamma;                 // focal exponent, >= 0
-  float label_smoothing;       // eps in [0, 1] (informational; the kernels use the two below)
   tfmo_u32 has_class_weights;  // 0: every a_c is 1 and the class_weights buffer is not read
   tfmo_u32 has_ignore_class;   // 1: rows whose sparse label == ignore_class get loss 0, grad 0
+  tfmo_u32 variant;            // TFMO_VARIANT_*
   tfmo_i64 ignore_class;       // compared with the label widened to 64 bits
+  // Label smoothing eps reaches the kernels as the two coefficients of q_c = (1 - eps) t_c + eps / C.
   float smooth_on;             // 1 - eps: weight of the target distribution t in q
   float smooth_off;            // eps / C: uniform part of q (0 for eps == 0: one class per row)
-  tfmo_u32 variant;            // TFMO_VARIANT_*
   tfmo_u32 threads_per_row;    // lanes per row: the threadgroup size (rowtg), or a power of two
                                // <= the SIMD width (rowsimd)
   tfmo_u32 rows_per_threadgroup;  // 1 (rowtg) or threadgroup size / threads_per_row (rowsimd)
-  tfmo_u32 reserved;              // keeps the size a multiple of 8; 0
 };
 
 // Written by the kernels when a sparse label is outside [0, C) and is not ignore_class; read by
@@ -83,20 +82,18 @@ struct CustomLossErrorRecord {
 };
 
 #ifndef __METAL__
-static_assert(sizeof(CustomLossParams) == 56, "CustomLossParams layout changed: update the kernels");
+static_assert(sizeof(CustomLossParams) == 48, "CustomLossParams layout changed: update the kernels");
 static_assert(offsetof(CustomLossParams, num_rows) == 0, "layout");
 static_assert(offsetof(CustomLossParams, num_classes) == 4, "layout");
 static_assert(offsetof(CustomLossParams, gamma) == 8, "layout");
-static_assert(offsetof(CustomLossParams, label_smoothing) == 12, "layout");
-static_assert(offsetof(CustomLossParams, has_class_weights) == 16, "layout");
-static_assert(offsetof(CustomLossParams, has_ignore_class) == 20, "layout");
+static_assert(offsetof(CustomLossParams, has_class_weights) == 12, "layout");
+static_assert(offsetof(CustomLossParams, has_ignore_class) == 16, "layout");
+static_assert(offsetof(CustomLossParams, variant) == 20, "layout");
 static_assert(offsetof(CustomLossParams, ignore_class) == 24, "layout");
 static_assert(offsetof(CustomLossParams, smooth_on) == 32, "layout");
 static_assert(offsetof(CustomLossParams, smooth_off) == 36, "layout");
-static_assert(offsetof(CustomLossParams, variant) == 40, "layout");
-static_assert(offsetof(CustomLossParams, threads_per_row) == 44, "layout");
-static_assert(offsetof(CustomLossParams, rows_per_threadgroup) == 48, "layout");
-static_assert(offsetof(CustomLossParams, reserved) == 52, "layout");
+static_assert(offsetof(CustomLossParams, threads_per_row) == 40, "layout");
+static_assert(offsetof(CustomLossParams, rows_per_threadgroup) == 44, "layout");
 static_assert(sizeof(float) == 4, "float must be IEEE binary32");
 static_assert(sizeof(CustomLossErrorRecord) == 32, "CustomLossErrorRecord layout changed");
 

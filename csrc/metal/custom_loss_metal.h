@@ -12,8 +12,9 @@ namespace tf_metal_ops {
 namespace metal {
 
 // Registering a GPU kernel happens in a static initializer, where there is nobody to raise an
-// error to and printing is not allowed: failures are kept here instead ("TfMetalOps>CustomLoss
-// for bfloat16: <TensorFlow's message>"). Empty when every registration succeeded.
+// error to: failures are kept here ("TfMetalOps>CustomLoss for bfloat16: <TensorFlow's
+// message>"), and `python -m tf_metal_ops info` shows them (build_info's
+// gpu_kernel_registration_errors). Empty when every registration succeeded.
 std::vector<std::string> KernelRegistrationErrors();
 
 // The logits dtypes the GPU kernels were registered for on this system ("float", "half", and
