@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 import numpy as np
 import tensorflow as tf
 
-from tf_metal_ops import _native, runtime
+from tf_metal_ops import _native, composed, loss_path, runtime
 
 FORWARD_OP = "TfMetalOps>CustomLoss"
 GRADIENT_OP = "TfMetalOps>CustomLossGrad"
@@ -127,7 +127,7 @@ def _is_dense(labels: tf.Tensor, logits: tf.Tensor) -> bool:
     )
 
 
-def _sparse_labels(labels: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
+def _check_sparse_shape(labels: tf.Tensor, logits: tf.Tensor) -> None:
     rows = logits.shape[:-1]
     shape = labels.shape
     if shape.rank is not None and rows.rank is not None and shape.rank == rows.rank + 1:
@@ -142,6 +142,10 @@ def _sparse_labels(labels: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
             f"sparse labels must have shape logits.shape[:-1] (optionally with a trailing 1); "
             f"got labels shape {labels.shape} and logits shape {logits.shape}"
         )
+
+
+def _sparse_labels(labels: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
+    _check_sparse_shape(labels, logits)
     if labels.dtype in (tf.int32, tf.int64):
         return labels
     if labels.dtype.is_integer:
@@ -273,6 +277,12 @@ def custom_loss(
             `ignore_class` (the message names the example's index and the value), or shapes
             that were unknown while tracing and do not match.
 
+    Inside an XLA compilation (`tf.function(jit_compile=True)`, Keras's `jit_compile`) and on
+    a device with no kernel of ours (a CUDA GPU, a TPU) the same loss is computed by TensorFlow
+    ops instead of the native op (`tf_metal_ops.composed`; `tf_metal_ops.loss_path_info()` says
+    which ran): same numerics, an analytic gradient, no early gradient; under XLA a bad class
+    id gives that example a NaN loss and gradient row instead of an error.
+
     Differentiable with respect to `logits` (labels and class weights get no gradient). The
     gradient op recomputes the softmax from the logits instead of saving it (it reuses the
     forward op's per-row maximum and log-sum), unless the early gradient made for
@@ -285,15 +295,28 @@ def custom_loss(
     with tf.name_scope(name or "custom_loss"):
         logits_t = _logits_tensor(logits)
         labels_t = tf.convert_to_tensor(labels)
-        if _is_dense(labels_t, logits_t):
-            if ignore_class is not None:
-                raise ValueError(
-                    f"ignore_class={ignore_class} applies to class-id labels only, but the "
-                    f"labels are dense targets (shape {labels_t.shape})"
-                )
-            labels_t = _dense_labels(labels_t, logits_t)
-        else:
-            labels_t = _sparse_labels(labels_t, logits_t)
+        dense = _is_dense(labels_t, logits_t)
+        if dense and ignore_class is not None:
+            raise ValueError(
+                f"ignore_class={ignore_class} applies to class-id labels only, but the "
+                f"labels are dense targets (shape {labels_t.shape})"
+            )
+        path, reason = loss_path.choose(logits_t)
+        loss_path.record(path, reason)
+        if path != loss_path.NATIVE:
+            # Where the native op cannot run (tf_metal_ops.loss_path); no early gradient there.
+            if dense:
+                labels_t = _dense_labels(labels_t, logits_t)
+            else:
+                _check_sparse_shape(labels_t, logits_t)  # values: checked by the composed path
+            weights_t = _class_weights_tensor(class_weights, logits_t)
+            return composed.custom_loss(
+                logits_t, labels_t, dense=dense,
+                class_weights=None if class_weights is None else weights_t,
+                gamma=gamma, label_smoothing=label_smoothing, ignore_class=ignore_class,
+                can_raise=path != loss_path.COMPOSED_XLA)
+        labels_t = _dense_labels(labels_t, logits_t) if dense else _sparse_labels(labels_t,
+                                                                                   logits_t)
         weights_t = _class_weights_tensor(class_weights, logits_t)
         gradient_upstream = _gradient_upstream_tensor(assumed_upstream, logits_t)
         runtime.follow_tensorflow_threads()
