@@ -13,7 +13,9 @@ formulas and the numerics are the native kernels' (csrc/cpu/row_loss.h derives t
                                              masked (-inf) class; no clipping of p
     d loss / d z_j = p_j G - g_j,  g_c = w_c r_c^gamma (1 - gamma p_c log p_c / r_c)
 
-with the limits p log p / r -> 0 at p = 0 and log p / r -> -1 at p = 1, so the gradient is finite
+(for a sparse, unsmoothed row, whose only weighted class is the label y: p_j g_y off the label
+and expm1(log p_y) g_y on it, without the cancellation of p_y G - g_y), with the limits
+p log p / r -> 0 at p = 0 and log p / r -> -1 at p = 1, so the gradient is finite
 at p = 1 also for gamma < 1, where autodiff of the composition would give NaN: the gradient is
 this analytic one (`tf.custom_gradient`), computed from the logits and the forward's two row
 statistics. float16 and bfloat16 are computed in float32 and cast back; float64 in float64.
@@ -197,24 +199,39 @@ def custom_loss(
     num_classes = shape[-1]
 
     ignored = bad = None
+    weights_ok = weights = None
+    if class_weights is not None:
+        weights = tf.cast(class_weights, tf.float32)
+        weights_ok = _weights_ok(weights, num_classes, can_raise)
+        weights = tf.cast(weights, acc)
+    # A sparse, unsmoothed row has one weighted class y: w_y = a_y, everything else 0. Its
+    # gradient is then p_j g_y off the label and -r_y g_y = expm1(log p_y) g_y on it, as the
+    # native kernel computes it: p_y G - g_y would cancel the digits of a confident row.
+    labelled_only = not dense and eps == 0.0
+    is_label = w_y = w = None
     if dense:
         if can_raise and not (labels.shape.is_fully_defined() and logits.shape.is_fully_defined()):
             tf.debugging.assert_equal(tf.shape(labels), shape,
                                       message="custom_loss: dense labels must have the logits' "
                                               "shape")
-        targets = tf.cast(labels, acc)
+        w = tf.cast(labels, acc)
     else:
         ids, ignored, bad = _class_ids(labels, logits, ignore_class, can_raise)
-        targets = tf.one_hot(ids, num_classes, dtype=acc)  # a row of zeros for a bad id
-    # q = (1 - eps) t + eps / C, then w = a q.
-    if eps != 0.0:
-        targets = (1.0 - eps) * targets + eps / tf.cast(num_classes, acc)
-    weights_ok = None
-    if class_weights is not None:
-        weights = tf.cast(class_weights, tf.float32)
-        weights_ok = _weights_ok(weights, num_classes, can_raise)
-        targets = targets * tf.cast(weights, acc)
-    w = targets
+        # No class matches a bad id: its row is all zeros until `finish` makes it NaN.
+        is_label = tf.equal(tf.range(tf.cast(num_classes, tf.int64)), ids[..., None])
+        if labelled_only:
+            w_y = tf.ones_like(ids, dtype=acc)
+            if weights is not None:
+                w_y = tf.gather(weights, tf.clip_by_value(ids, 0, tf.cast(num_classes - 1,
+                                                                          tf.int64)))
+        else:
+            w = tf.cast(is_label, acc)
+    if w is not None:
+        # q = (1 - eps) t + eps / C, then w = a q.
+        if eps != 0.0:
+            w = (1.0 - eps) * w + eps / tf.cast(num_classes, acc)
+        if weights is not None:
+            w = w * weights
 
     def finish(values: tf.Tensor, row_axis_extra: bool) -> tf.Tensor:
         """0 on ignored rows, NaN on bad ones (and everywhere for bad run-time weights)."""
@@ -230,22 +247,37 @@ def custom_loss(
             values = tf.where(weights_ok, values, nan)
         return values
 
+    def log_p(logits_in: tf.Tensor, m: tf.Tensor, log_sum: tf.Tensor) -> tf.Tensor:
+        return (tf.cast(logits_in, acc) - m[..., None]) - log_sum[..., None]
+
+    def at_label(values: tf.Tensor) -> tf.Tensor:
+        return tf.reduce_sum(tf.where(is_label, values, tf.zeros_like(values)), axis=-1)
+
     @tf.custom_gradient
     def loss_of(logits_in: tf.Tensor):
-        z = tf.cast(logits_in, acc)
-        m, log_sum = _row_log_softmax(z)
-        loss_factor, _ = _focal_factors((z - m[..., None]) - log_sum[..., None], gamma)
-        loss = -tf.reduce_sum(_not_zero(w, loss_factor), axis=-1) + 0.0  # no -0.0
-        loss = finish(loss, row_axis_extra=False)
+        m, log_sum = _row_log_softmax(tf.cast(logits_in, acc))
+        lp = log_p(logits_in, m, log_sum)
+        if labelled_only:
+            loss_factor, _ = _focal_factors(at_label(lp), gamma)
+            loss = -_not_zero(w_y, loss_factor)
+        else:
+            loss_factor, _ = _focal_factors(lp, gamma)
+            loss = -tf.reduce_sum(_not_zero(w, loss_factor), axis=-1)
+        loss = finish(loss + 0.0, row_axis_extra=False)  # + 0.0: no -0.0
 
         def gradient(upstream: tf.Tensor) -> tf.Tensor:
             # From the logits and the two row statistics, as the native gradient op does,
             # rather than keeping N x C intermediates of the forward alive.
-            lp = (tf.cast(logits_in, acc) - m[..., None]) - log_sum[..., None]
-            _, grad_factor = _focal_factors(lp, gamma)
-            g = _not_zero(w, grad_factor)
-            big_g = tf.reduce_sum(g, axis=-1, keepdims=True)
-            grad = (tf.exp(lp) * big_g - g) * tf.cast(upstream, acc)[..., None]
+            lp = log_p(logits_in, m, log_sum)
+            if labelled_only:
+                _, grad_factor = _focal_factors(at_label(lp), gamma)
+                g_y = _not_zero(w_y, grad_factor)[..., None]
+                grad = g_y * tf.where(is_label, tf.math.expm1(lp), tf.exp(lp))
+            else:
+                _, grad_factor = _focal_factors(lp, gamma)
+                g = _not_zero(w, grad_factor)
+                grad = tf.exp(lp) * tf.reduce_sum(g, axis=-1, keepdims=True) - g
+            grad = grad * tf.cast(upstream, acc)[..., None]
             return tf.cast(finish(grad, row_axis_extra=True), logits_in.dtype)
 
         return tf.cast(loss, logits_in.dtype), gradient
