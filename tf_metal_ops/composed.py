@@ -217,14 +217,12 @@ def custom_loss(
         w = tf.cast(labels, acc)
     else:
         ids, ignored, bad = _class_ids(labels, logits, ignore_class, can_raise)
-        # No class matches a bad id: its row is all zeros until `finish` makes it NaN.
+        # No class matches a bad id: its row is all zeros until `finish` makes it NaN. Gathers
+        # use a clipped id (TensorFlow's CPU gather refuses one out of range).
         is_label = tf.equal(tf.range(tf.cast(num_classes, tf.int64)), ids[..., None])
-        if labelled_only:
-            w_y = tf.ones_like(ids, dtype=acc)
-            if weights is not None:
-                w_y = tf.gather(weights, tf.clip_by_value(ids, 0, tf.cast(num_classes - 1,
-                                                                          tf.int64)))
-        else:
+        safe_ids = tf.clip_by_value(ids, 0, tf.cast(num_classes - 1, tf.int64))
+        w_y = tf.ones_like(ids, dtype=acc) if weights is None else tf.gather(weights, safe_ids)
+        if not labelled_only:
             w = tf.cast(is_label, acc)
     if w is not None:
         # q = (1 - eps) t + eps / C, then w = a q.
@@ -251,17 +249,30 @@ def custom_loss(
         return (tf.cast(logits_in, acc) - m[..., None]) - log_sum[..., None]
 
     def at_label(values: tf.Tensor) -> tf.Tensor:
+        """values[..., y] per row: a gather, not a pass over every class, where the rank is
+        known."""
+        rank = safe_ids.shape.rank
+        if rank is not None:
+            return tf.gather(values, safe_ids[..., None], batch_dims=rank)[..., 0]
         return tf.reduce_sum(tf.where(is_label, values, tf.zeros_like(values)), axis=-1)
+
+    def total_weight() -> tf.Tensor:
+        """G = sum_c w_c of a cross-entropy row (gamma = 0), per row without a pass over the
+        classes for class ids: (1 - eps) a_y + eps / C sum_c a_c."""
+        if dense:
+            return tf.reduce_sum(w, axis=-1, keepdims=True)
+        share = tf.cast(num_classes, acc) if weights is None else tf.reduce_sum(weights)
+        return ((1.0 - eps) * w_y + eps / tf.cast(num_classes, acc) * share)[..., None]
 
     @tf.custom_gradient
     def loss_of(logits_in: tf.Tensor):
         m, log_sum = _row_log_softmax(tf.cast(logits_in, acc))
-        lp = log_p(logits_in, m, log_sum)
         if labelled_only:
-            loss_factor, _ = _focal_factors(at_label(lp), gamma)
+            lp_y = (tf.cast(at_label(logits_in), acc) - m) - log_sum
+            loss_factor, _ = _focal_factors(lp_y, gamma)
             loss = -_not_zero(w_y, loss_factor)
         else:
-            loss_factor, _ = _focal_factors(lp, gamma)
+            loss_factor, _ = _focal_factors(log_p(logits_in, m, log_sum), gamma)
             loss = -tf.reduce_sum(_not_zero(w, loss_factor), axis=-1)
         loss = finish(loss + 0.0, row_axis_extra=False)  # + 0.0: no -0.0
 
@@ -270,9 +281,14 @@ def custom_loss(
             # rather than keeping N x C intermediates of the forward alive.
             lp = log_p(logits_in, m, log_sum)
             if labelled_only:
-                _, grad_factor = _focal_factors(at_label(lp), gamma)
-                g_y = _not_zero(w_y, grad_factor)[..., None]
-                grad = g_y * tf.where(is_label, tf.math.expm1(lp), tf.exp(lp))
+                lp_y = (tf.cast(at_label(logits_in), acc) - m) - log_sum
+                _, grad_factor = _focal_factors(lp_y, gamma)
+                g_y = _not_zero(w_y, grad_factor)
+                # expm1 once per row: tf.where would evaluate both branches on every class.
+                grad = tf.where(is_label, (g_y * tf.math.expm1(lp_y))[..., None],
+                                g_y[..., None] * tf.exp(lp))
+            elif gamma == 0.0:
+                grad = tf.exp(lp) * total_weight() - w  # g_c = w_c
             else:
                 _, grad_factor = _focal_factors(lp, gamma)
                 g = _not_zero(w, grad_factor)
