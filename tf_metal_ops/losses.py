@@ -97,6 +97,11 @@ class CustomLoss(keras.losses.Loss):
     Labels may be class ids (`[batch, ...]` or `[batch, ..., 1]`, ints or whole floats) or
     dense targets with the predictions' shape.
 
+    Inside an XLA compilation (`compile(jit_compile=True)`, or `"auto"` on a machine with a GPU
+    or TPU that is not an Apple GPU) and on a device without our kernels (a CUDA GPU, a TPU),
+    the same loss runs as TensorFlow ops instead (`tf_metal_ops.composed`), without the early
+    gradient below; `tf_metal_ops.loss_path_info()` says which path ran.
+
     While a gradient tape records (as in `fit`), a float32 loss reduced with
     `"sum_over_batch_size"` or `"sum"` and called without sample weights has its op compute the
     gradient together with the loss, assuming the upstream gradient that reduction gives every

@@ -286,8 +286,9 @@ def custom_loss(
     Differentiable with respect to `logits` (labels and class weights get no gradient). The
     gradient op recomputes the softmax from the logits instead of saving it (it reuses the
     forward op's per-row maximum and log-sum), unless the early gradient made for
-    `assumed_upstream` is its answer. Second derivatives are not implemented: asking for one
-    raises `NotImplementedError`.
+    `assumed_upstream` is its answer. Second derivatives of the native op are not implemented:
+    asking for one raises `NotImplementedError` (the composed path differentiates its analytic
+    gradient).
     """
     gamma = check_gamma(gamma)
     label_smoothing = check_label_smoothing(label_smoothing)
