@@ -311,3 +311,14 @@ def test_demo_is_deterministic_for_a_seed(default_demo):
     assert first_epoch(one.stdout) == first_epoch(default_demo.stdout)
     assert data_line(one.stdout) == data_line(default_demo.stdout)
     assert "(seed 0)" in one.stdout and re.search(r"loss \d\.\d{4}", first_epoch(one.stdout))
+
+
+def test_demo_under_jit_compile_says_the_composed_xla_path_ran():
+    # Under XLA our op cannot run; the loss is the composed path, and the report says so
+    # instead of naming an op placement that did not happen.
+    result = run_cli("demo", "--epochs", "1", "--jit-compile")
+    assert result.returncode == 0, result.stderr
+    assert_no_traceback(result)
+    line = next(l for l in result.stdout.splitlines() if l.startswith("loss kernels ran on"))
+    assert line.startswith("loss kernels ran on: composed (XLA) on "), line
+    assert "TfMetalOps>CustomLoss" not in line.split(";")[0], line

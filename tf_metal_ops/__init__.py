@@ -34,10 +34,12 @@ _LAZY_ATTRIBUTES = {
     "get_cpu_threads": "tf_metal_ops.runtime",
     "cpu_gradient_cache_info": "tf_metal_ops.runtime",
     "release_cpu_gradient_cache": "tf_metal_ops.runtime",
+    "loss_path_info": "tf_metal_ops.loss_path",
     "build_info": "tf_metal_ops._native",
     "value_and_gradients": "tf_metal_ops.compare",
 }
-_SUBMODULES = ("reference", "debug", "ops", "losses", "compare", "runtime")
+_SUBMODULES = ("reference", "debug", "ops", "losses", "compare", "runtime", "composed",
+               "loss_path")
 
 __all__ = sorted(_LAZY_ATTRIBUTES) + list(_SUBMODULES)
 

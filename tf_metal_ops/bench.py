@@ -10,6 +10,9 @@ For each problem size (N rows x C classes, float32 logits, forward + backward un
     ours_ce         tf_metal_ops.CustomLoss()
     ours_ce_ls      tf_metal_ops.CustomLoss(label_smoothing=0.1)
     ours_focal      tf_metal_ops.CustomLoss(gamma=2, label_smoothing=0.1)
+    *_xla           keras_ce_ls, keras_focal, ours_ce_ls and ours_focal with the step compiled
+                    by XLA (tf.function(jit_compile=True)), where ours is the loss composed of
+                    TensorFlow ops (tf_metal_ops.composed): what a CUDA or TPU machine runs
     floor           the memory floor: read the logits twice and write a gradient once (12 bytes
                     per element), on the same threads as our kernels (csrc/cpu/memory_floor.h),
                     into a buffer allocated once
@@ -68,6 +71,10 @@ CASES = (
     ("ours_ce", "tf_metal_ops.CustomLoss()"),
     ("ours_ce_ls", "tf_metal_ops.CustomLoss(label_smoothing=0.1)"),
     ("ours_focal", "tf_metal_ops.CustomLoss(gamma=2, label_smoothing=0.1)"),
+    ("keras_ce_ls_xla", "keras_ce_ls under XLA (tf.function(jit_compile=True))"),
+    ("keras_focal_xla", "keras_focal under XLA"),
+    ("ours_ce_ls_xla", "ours_ce_ls under XLA: our composed path (tf_metal_ops.composed)"),
+    ("ours_focal_xla", "ours_focal under XLA: our composed path"),
     ("floor", "memory floor: read logits twice + write gradient once (12 B/element)"),
     ("tf_floor", "the same 12 B/element as TensorFlow ops (reduce_sum(z), z * 0.5) under "
                  "tf.function: adds what allocating a fresh N x C output costs"),
@@ -77,12 +84,15 @@ RATIOS = (
     ("tf_sparse_ce / ours_ce", "tf_sparse_ce", "ours_ce"),
     ("keras_ce_ls / ours_ce_ls", "keras_ce_ls", "ours_ce_ls"),
     ("keras_focal / ours_focal", "keras_focal", "ours_focal"),
+    ("keras_ce_ls_xla / ours_ce_ls_xla", "keras_ce_ls_xla", "ours_ce_ls_xla"),
+    ("keras_focal_xla / ours_focal_xla", "keras_focal_xla", "ours_focal_xla"),
     ("ours_ce / floor", "ours_ce", "floor"),
     ("ours_focal / floor", "ours_focal", "floor"),
     ("ours_ce / tf_floor", "ours_ce", "tf_floor"),
     ("ours_focal / tf_floor", "ours_focal", "tf_floor"),
 )
 MEMORY_CASES = ("ours_focal", "keras_focal")
+XLA_SUFFIX = "_xla"  # a case compiled with XLA: the loss of the case without the suffix
 
 
 # ---------------------------------------------------------------------------------------------
@@ -173,7 +183,10 @@ def _loss_fns(labels, cols: int, needed: Sequence[str]) -> Dict[str, Callable]:
         one_hot = tf.one_hot(labels, cols, dtype=tf.float32)  # Keras's categorical losses need it
     fns: Dict[str, Callable] = {}
     for name in needed:
-        if name == "tf_sparse_ce":
+        if name.endswith(XLA_SUFFIX):  # the same loss; _step compiles it with XLA
+            fns.update({name: fn for fn in _loss_fns(labels, cols,
+                                                     [name[:-len(XLA_SUFFIX)]]).values()})
+        elif name == "tf_sparse_ce":
             fns[name] = lambda z: tf.reduce_mean(
                 tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=z))
         elif name == "keras_ce_ls":
@@ -198,11 +211,11 @@ def _loss_fns(labels, cols: int, needed: Sequence[str]) -> Dict[str, Callable]:
     return fns
 
 
-def _step(loss_fn: Callable) -> Callable:
+def _step(loss_fn: Callable, jit_compile: bool = False) -> Callable:
     """A tf.function computing the loss and d loss / d logits: one training step's loss work."""
     import tensorflow as tf
 
-    @tf.function(jit_compile=False, reduce_retracing=False)
+    @tf.function(jit_compile=jit_compile, reduce_retracing=False)
     def step(z):
         with tf.GradientTape() as tape:
             tape.watch(z)
@@ -287,7 +300,7 @@ def time_size(rows: int, cols: int, repeats: int, progress: _Progress,
     fns = _loss_fns(labels, cols, [c for c in cases if c not in ("floor", "tf_floor")])
     runners: Dict[str, Callable[[], None]] = {}
     for name, fn in fns.items():
-        step = _step(fn)
+        step = _step(fn, jit_compile=name.endswith(XLA_SUFFIX))
 
         def run(step=step) -> None:
             loss, grad = step(logits)
@@ -479,19 +492,19 @@ def format_table(report: Dict[str, Any]) -> str:
                      f"gradient cache {on('gradient_cache')}")
     lines.append("")
     for name, description in CASES:
-        lines.append(f"  {name:<13} {description}")
+        lines.append(f"  {name:<15} {description}")
     lines.append("")
     sizes = report["sizes"]
     labels = [f"{size['rows']}x{size['classes']}" for size in sizes]
-    lines.append(f"{'median ms':<26}" + "".join(f"{label:>14}" for label in labels))
+    lines.append(f"{'median ms':<34}" + "".join(f"{label:>14}" for label in labels))
     for name, _ in CASES:
-        lines.append(f"{name:<26}" + "".join(
+        lines.append(f"{name:<34}" + "".join(
             f"{size['median_ms'][name]:14.2f}" if name in size["median_ms"] else f"{'-':>14}"
             for size in sizes))
     lines.append("")
-    lines.append(f"{'ratio':<26}" + "".join(f"{label:>14}" for label in labels))
+    lines.append(f"{'ratio':<34}" + "".join(f"{label:>14}" for label in labels))
     for name, _, _ in RATIOS:
-        lines.append(f"{name:<26}" + "".join(
+        lines.append(f"{name:<34}" + "".join(
             f"{size['ratios'][name]:13.2f}x" if name in size["ratios"] else f"{'-':>14}"
             for size in sizes))
     lines.append("  (anchor / ours: how many times faster ours is; ours / floor: 1.00 would be "

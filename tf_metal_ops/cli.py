@@ -4,7 +4,7 @@
     tf-metal-ops check [--quick] [--json] [--dtype D[,D...]]
                                       CustomLoss forward + gradient on every device vs the
                                       NumPy reference
-    tf-metal-ops demo [--epochs N] [--plot out.png] [--seed S]
+    tf-metal-ops demo [--epochs N] [--plot out.png] [--seed S] [--jit-compile]
                                       train a small CNN on scikit-learn's 8x8 digits
     tf-metal-ops bench [--quick] [--json] [--sizes NxC,...] ...
                                       CPU timings against TensorFlow's and Keras's losses
@@ -116,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="also save the training curves as a PNG (needs matplotlib)")
     demo.add_argument("--seed", type=_seed, default=0, metavar="S",
                       help="random seed: the same seed prints the same figures (default 0)")
+    demo.add_argument("--jit-compile", action="store_true",
+                      help="compile training with XLA (Keras jit_compile=True): the loss then "
+                           "runs as composed TensorFlow ops (default: Keras's \"auto\")")
 
     from tf_metal_ops import bench  # noqa: PLC0415  (standard library only at import)
 
@@ -196,6 +199,15 @@ def format_info(info: dict[str, Any]) -> str:
     no_gpu = " (no Metal GPU here: the setting changes nothing on the CPU)"
     real_mode = info["commit_mode"] in ("commit", "commit_and_wait")
     lines.append(("Commit mode", info["commit_mode"] + ("" if gpu or not real_mode else no_gpu)))
+    paths = info.get("loss_path")
+    if isinstance(paths, dict):
+        lines.append(("Loss path", paths["where"]))
+        made = ", ".join(f"{path} {n}" for path, n in paths["counts"].items() if n)
+        if made:
+            lines.append(("  made so far", made + (f" (last: {paths['last']['reason']})"
+                                                   if paths.get("last") else "")))
+    elif paths is not None:
+        lines.append(("Loss path", str(paths)))
     width = max(len(k) for k, _ in lines) + 2
     return "\n".join(f"{k.ljust(width)}{v}".rstrip() for k, v in lines)
 
@@ -234,7 +246,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
             "--plot needs matplotlib, which is not installed here: run `pip install "
             "matplotlib`, or leave out --plot.")
     environment.load_package()
-    demo.run_demo(epochs=args.epochs, seed=args.seed, plot_path=args.plot)
+    demo.run_demo(epochs=args.epochs, seed=args.seed, plot_path=args.plot,
+                  jit_compile=True if args.jit_compile else "auto")
     return EXIT_OK
 
 

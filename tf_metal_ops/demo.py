@@ -38,6 +38,7 @@ class DemoResult:
     gradient_device: str
     history: dict[str, list[float]] = field(default_factory=dict)
     plot_path: str | None = None
+    loss_path: str = "native"  # or "composed (XLA)" / "composed (device)": tf_metal_ops.loss_path
 
 
 def matplotlib_available() -> bool:
@@ -153,8 +154,16 @@ def _save_plot(history: dict[str, list[float]], path: str) -> None:
     plt.close(fig)
 
 
+def _composed_paths_made(before: dict[str, int], after: dict[str, int]) -> list[str]:
+    """The composed paths (tf_metal_ops.loss_path) that made a loss between two counts."""
+    from tf_metal_ops import loss_path  # noqa: PLC0415
+
+    return [p for p in (loss_path.COMPOSED_XLA, loss_path.COMPOSED_DEVICE)
+            if after.get(p, 0) > before.get(p, 0)]
+
+
 def run_demo(epochs: int | None = None, seed: int = 0, plot_path: str | None = None,
-             out: TextIO | None = None) -> DemoResult:
+             out: TextIO | None = None, jit_compile: bool | str = "auto") -> DemoResult:
     """Trains the CNN and prints the progress, the loss kernels' device and the accuracy.
 
     Args:
@@ -162,6 +171,11 @@ def run_demo(epochs: int | None = None, seed: int = 0, plot_path: str | None = N
         seed: Seed of the split, the initial weights, the shuffling and dropout.
         plot_path: Where to save a PNG of the training curves (needs matplotlib), or None.
         out: Stream for the report; default `sys.stdout`.
+        jit_compile: Keras's `compile(jit_compile=...)`: `"auto"` (XLA on machines with a GPU
+            or TPU that is not an Apple GPU; Keras turns it off here, as the demo enables op
+            determinism), True (then op determinism stays off, which Keras's XLA needs) or
+            False. Under XLA the loss is the composed path (`tf_metal_ops.composed`), and the
+            report says so.
 
     Returns:
         A `DemoResult`.
@@ -176,12 +190,15 @@ def run_demo(epochs: int | None = None, seed: int = 0, plot_path: str | None = N
     import numpy as np  # noqa: PLC0415
     import tensorflow as tf  # noqa: PLC0415
 
-    from tf_metal_ops import environment  # noqa: PLC0415
+    from tf_metal_ops import environment, loss_path  # noqa: PLC0415
 
     import tf_metal_ops  # noqa: PLC0415
 
     keras.utils.set_random_seed(seed)
-    tf.config.experimental.enable_op_determinism()
+    if jit_compile is not True:
+        # Keras turns XLA off while op determinism is on (keras/src/trainers/trainer.py,
+        # model_supports_jit); XLA on the CPU is deterministic for this model anyway.
+        tf.config.experimental.enable_op_determinism()
 
     x_train, y_train, x_test, y_test = load_digits_split(seed)
     model = build_model()
@@ -189,6 +206,7 @@ def run_demo(epochs: int | None = None, seed: int = 0, plot_path: str | None = N
         optimizer=keras.optimizers.Adam(LEARNING_RATE),
         loss=tf_metal_ops.CustomLoss(gamma=GAMMA, label_smoothing=LABEL_SMOOTHING),
         metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
+        jit_compile=jit_compile,
     )
     steps = -(-len(x_train) // BATCH_SIZE)
     out.write(f"tf_metal_ops demo: CustomLoss(gamma={GAMMA}, label_smoothing={LABEL_SMOOTHING})"
@@ -200,6 +218,7 @@ def run_demo(epochs: int | None = None, seed: int = 0, plot_path: str | None = N
     out.flush()
 
     live = bool(getattr(out, "isatty", lambda: False)())
+    paths_before = tf_metal_ops.loss_path_info()["counts"]
     fit = model.fit(x_train, y_train, batch_size=BATCH_SIZE, epochs=epochs, shuffle=True,
                     validation_data=(x_test, y_test), verbose=0,
                     callbacks=[_progress_callback(epochs, steps, out, live)])
@@ -209,12 +228,24 @@ def run_demo(epochs: int | None = None, seed: int = 0, plot_path: str | None = N
     correct = int(np.sum(predictions == y_test))
     accuracy = correct / len(y_test)
 
-    loss_device, grad_device = _loss_kernel_devices(model, x_test[:BATCH_SIZE],
-                                                    y_test[:BATCH_SIZE])
+    composed_paths = _composed_paths_made(paths_before, tf_metal_ops.loss_path_info()["counts"])
     registered = environment.kernel_devices(environment.OP_NAMES[0])
-    gpu_found = bool(tf.config.list_logical_devices("GPU"))
-    out.write(f"loss kernels ran on: {loss_device} (forward {environment.OP_NAMES[0]}), "
-              f"{grad_device} (gradient {environment.OP_NAMES[1]}); kernels registered for: "
+    gpus = tf.config.list_logical_devices("GPU")
+    gpu_found = bool(gpus)
+    if composed_paths:
+        # Training ran the loss as TensorFlow ops (under XLA, or on a device without our
+        # kernels): no native kernel ran, so there is no op placement to report.
+        loss_device = grad_device = gpus[0].name.rsplit("device:", 1)[-1] if gpus else "CPU:0"
+        why = {loss_path.COMPOSED_XLA: "compiled by XLA, which has no kernel of our op",
+               loss_path.COMPOSED_DEVICE: f"{loss_device} has no kernel of our op"}
+        ran_on = (f"{' and '.join(composed_paths)} on {loss_device} (the loss as TensorFlow "
+                  f"ops: {'; '.join(why[p] for p in composed_paths)})")
+    else:
+        loss_device, grad_device = _loss_kernel_devices(model, x_test[:BATCH_SIZE],
+                                                        y_test[:BATCH_SIZE])
+        ran_on = (f"{loss_device} (forward {environment.OP_NAMES[0]}), "
+                  f"{grad_device} (gradient {environment.OP_NAMES[1]})")
+    out.write(f"loss kernels ran on: {ran_on}; kernels registered for: "
               f"{', '.join(registered) or 'none'}"
               f"{'' if gpu_found else '; no GPU found'}\n")
     out.write(f"held-out accuracy: {accuracy:.4f} ({correct}/{len(y_test)})\n")
@@ -227,4 +258,5 @@ def run_demo(epochs: int | None = None, seed: int = 0, plot_path: str | None = N
     return DemoResult(epochs=epochs, seed=seed, held_out_accuracy=accuracy,
                       held_out_correct=correct, held_out_total=len(y_test),
                       loss_device=loss_device, gradient_device=grad_device, history=history,
-                      plot_path=plot_path)
+                      plot_path=plot_path,
+                      loss_path=" and ".join(composed_paths) if composed_paths else "native")

@@ -153,6 +153,17 @@ def commit_mode(package: ModuleType) -> str:
         return f"not available ({type(e).__name__}: {_first_line(e)})"
 
 
+def loss_paths() -> dict[str, Any] | str:
+    """Which implementation of the loss runs where here (`tf_metal_ops.loss_path`): `where`
+    (one line), plus `loss_path_info()`'s counts of what this process made."""
+    try:
+        from tf_metal_ops import loss_path  # noqa: PLC0415
+
+        return {"where": loss_path.describe_machine(), **loss_path.loss_path_info()}
+    except Exception as e:  # noqa: BLE001 - reported, not fatal for `info`
+        return f"not available ({type(e).__name__}: {_first_line(e)})"
+
+
 def devices() -> list[dict[str, str]]:
     """The logical devices TensorFlow sees, short names and types (CPU first)."""
     tf = load_tensorflow()
@@ -208,5 +219,6 @@ def describe() -> dict[str, Any]:
         "native_library": native_library_path(package) if problem is None else None,
         "build_info": build_info(package) if problem is None else not_loaded,
         "commit_mode": commit_mode(package) if problem is None else not_loaded,
+        "loss_path": loss_paths() if problem is None else not_loaded,
         "problem": problem,
     }

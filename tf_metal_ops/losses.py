@@ -80,6 +80,11 @@ class CustomLoss(keras.losses.Loss):
     scales it by the upstream gradient (Liger-Kernel's rule). With `reduction=None` it returns
     the per-example losses, whose gradient a second op computes.
 
+    Inside an XLA compilation (`compile(jit_compile=True)`, or `"auto"` on a machine with a GPU
+    or TPU that is not an Apple GPU) and on a device without our kernels (a CUDA GPU, a TPU),
+    the same loss runs as TensorFlow ops instead (`tf_metal_ops.composed`);
+    `tf_metal_ops.loss_path_info()` says which path ran.
+
     Args:
         gamma: focusing parameter `>= 0`; 0 is plain cross-entropy.
         label_smoothing: in `[0, 1]`.

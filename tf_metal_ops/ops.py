@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Optional, Sequence, Union
+from typing import Any, NamedTuple, Optional, Sequence, Union
 
 import numpy as np
 import tensorflow as tf
 
-from tf_metal_ops import _native, runtime
+from tf_metal_ops import _native, composed, loss_path, runtime
 
 FORWARD_OP = "TfMetalOps>CustomLoss"
 GRADIENT_OP = "TfMetalOps>CustomLossGrad"
@@ -127,7 +127,7 @@ def _is_dense(labels: tf.Tensor, logits: tf.Tensor) -> bool:
     )
 
 
-def _sparse_labels(labels: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
+def _check_sparse_shape(labels: tf.Tensor, logits: tf.Tensor) -> None:
     rows = logits.shape[:-1]
     shape = labels.shape
     if shape.rank is not None and rows.rank is not None and shape.rank == rows.rank + 1:
@@ -142,6 +142,10 @@ def _sparse_labels(labels: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
             f"sparse labels must have shape logits.shape[:-1] (optionally with a trailing 1); "
             f"got labels shape {labels.shape} and logits shape {logits.shape}"
         )
+
+
+def _sparse_labels(labels: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
+    _check_sparse_shape(labels, logits)
     if labels.dtype in (tf.int32, tf.int64):
         return labels
     if labels.dtype.is_integer:
@@ -203,28 +207,50 @@ def _class_weights_tensor(class_weights: Any, logits: tf.Tensor) -> tf.Tensor:
     return tensor
 
 
-def _prepared_inputs(labels: TensorLike, logits: TensorLike, gamma: float,
-                     label_smoothing: float, class_weights: Optional[TensorLike],
-                     ignore_class: Optional[int]):
-    """(logits, labels, class weights, attributes) as the native ops take them, checked."""
+class _Prepared(NamedTuple):
+    """A call's checked arguments: the native ops' inputs, or the composed path's losses."""
+
+    logits: tf.Tensor
+    labels: tf.Tensor
+    class_weights: tf.Tensor
+    attrs: dict
+    composed: Optional[tf.Tensor]  # per-example losses where the native op cannot run
+
+
+def _prepared(labels: TensorLike, logits: TensorLike, gamma: float, label_smoothing: float,
+              class_weights: Optional[TensorLike], ignore_class: Optional[int]) -> _Prepared:
     gamma = check_gamma(gamma)
     label_smoothing = check_label_smoothing(label_smoothing)
     ignore_class = check_ignore_class(ignore_class)
     logits_t = _logits_tensor(logits)
     labels_t = tf.convert_to_tensor(labels)
-    if _is_dense(labels_t, logits_t):
-        if ignore_class is not None:
-            raise ValueError(
-                f"ignore_class={ignore_class} applies to class-id labels only, but the "
-                f"labels are dense targets (shape {labels_t.shape})"
-            )
-        labels_t = _dense_labels(labels_t, logits_t)
-    else:
-        labels_t = _sparse_labels(labels_t, logits_t)
+    dense = _is_dense(labels_t, logits_t)
+    if dense and ignore_class is not None:
+        raise ValueError(
+            f"ignore_class={ignore_class} applies to class-id labels only, but the "
+            f"labels are dense targets (shape {labels_t.shape})"
+        )
     attrs = dict(gamma=gamma, label_smoothing=label_smoothing,
                  has_ignore_class=ignore_class is not None,
                  ignore_class=0 if ignore_class is None else ignore_class)
-    return logits_t, labels_t, _class_weights_tensor(class_weights, logits_t), attrs
+    path, reason = loss_path.choose(logits_t)
+    loss_path.record(path, reason)
+    if path != loss_path.NATIVE:
+        # Where the native op cannot run (tf_metal_ops.loss_path): the same loss as TF ops.
+        if dense:
+            labels_t = _dense_labels(labels_t, logits_t)
+        else:
+            _check_sparse_shape(labels_t, logits_t)  # values: checked by the composed path
+        weights_t = _class_weights_tensor(class_weights, logits_t)
+        losses = composed.custom_loss(
+            logits_t, labels_t, dense=dense,
+            class_weights=None if class_weights is None else weights_t,
+            gamma=gamma, label_smoothing=label_smoothing, ignore_class=ignore_class,
+            can_raise=path != loss_path.COMPOSED_XLA)
+        return _Prepared(logits_t, labels_t, weights_t, attrs, losses)
+    labels_t = _dense_labels(labels_t, logits_t) if dense else _sparse_labels(labels_t, logits_t)
+    return _Prepared(logits_t, labels_t, _class_weights_tensor(class_weights, logits_t), attrs,
+                     None)
 
 
 def _forward(logits: tf.Tensor, labels: tf.Tensor, class_weights: tf.Tensor,
@@ -281,16 +307,24 @@ def custom_loss(
             `ignore_class` (the message names the example's index and the value), or shapes
             that were unknown while tracing and do not match.
 
+    Inside an XLA compilation (`tf.function(jit_compile=True)`, Keras's `jit_compile`) and on
+    a device with no kernel of ours (a CUDA GPU, a TPU) the same loss is computed by TensorFlow
+    ops instead of the native op (`tf_metal_ops.composed`; `tf_metal_ops.loss_path_info()` says
+    which ran): same numerics, an analytic gradient; under XLA a bad class
+    id gives that example a NaN loss and gradient row instead of an error.
+
     Differentiable with respect to `logits` (labels and class weights get no gradient). The
     gradient op recomputes the softmax from the logits instead of saving it (it reuses the
-    forward op's per-row maximum and log-sum). Second derivatives are not implemented: asking
-    for one raises `NotImplementedError`.
+    forward op's per-row maximum and log-sum). Second derivatives of the native op are not
+    implemented: asking for one raises `NotImplementedError` (the composed path differentiates
+    its analytic gradient).
     """
     with tf.name_scope(name or "custom_loss"):
-        logits_t, labels_t, weights_t, attrs = _prepared_inputs(
-            labels, logits, gamma, label_smoothing, class_weights, ignore_class)
+        p = _prepared(labels, logits, gamma, label_smoothing, class_weights, ignore_class)
+        if p.composed is not None:
+            return p.composed
         # The rows' softmax statistics are for the gradient only.
-        loss, _, _ = _forward(logits_t, labels_t, weights_t, None, attrs)
+        loss, _, _ = _forward(p.logits, p.labels, p.class_weights, None, p.attrs)
         return loss
 
 
@@ -323,14 +357,17 @@ def reduced_custom_loss(
         A scalar of the logits' dtype (summed in float32, or float64 for float64 logits).
     """
     with tf.name_scope(name or "reduced_custom_loss"):
-        logits_t, labels_t, weights_t, attrs = _prepared_inputs(
-            labels, logits, gamma, label_smoothing, class_weights, ignore_class)
+        p = _prepared(labels, logits, gamma, label_smoothing, class_weights, ignore_class)
         scales = tf.stop_gradient(tf.cast(row_scales, tf.float32))
-        if not scales.shape.is_compatible_with(logits_t.shape[:-1]):
+        if not scales.shape.is_compatible_with(p.logits.shape[:-1]):
             raise ValueError(
                 f"row_scales must have shape logits.shape[:-1]; got row_scales shape "
-                f"{scales.shape} and logits shape {logits_t.shape}")
-        return _reduced(logits_t, labels_t, weights_t, scales, attrs)
+                f"{scales.shape} and logits shape {p.logits.shape}")
+        if p.composed is not None:  # autodiff of the composed losses' analytic gradient
+            sum_dtype = tf.float64 if p.composed.dtype == tf.float64 else tf.float32
+            total = tf.reduce_sum(tf.cast(p.composed, sum_dtype) * tf.cast(scales, sum_dtype))
+            return tf.cast(total, p.composed.dtype)
+        return _reduced(p.logits, p.labels, p.class_weights, scales, p.attrs)
 
 
 def _reduced(logits: tf.Tensor, labels: tf.Tensor, class_weights: tf.Tensor,

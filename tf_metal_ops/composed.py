@@ -1,0 +1,301 @@
+"""The loss written with TensorFlow ops: what `custom_loss` runs where the native op cannot.
+
+Inside an XLA compilation (`jit_compile=True`) and on a device with no kernel of ours (a CUDA
+GPU, a TPU; see `tf_metal_ops.loss_path`), `custom_loss` builds this instead of the native op,
+as MLX's fast ops pair a fused kernel with a composed fallback of the same function. The
+formulas and the numerics are the native kernels' (csrc/cpu/row_loss.h derives them):
+
+    log p = (z - m) - log_sum                stable; m the row maximum, started at the lowest
+                                             finite value; log_sum = log1p(others + ties - 1)
+                                             keeps the digits of a confident row
+    r     = 1 - p = -expm1(log p)            no cancellation near p = 1
+    loss  = - sum_c w_c r_c^gamma log p_c    w_c = a_c q_c; terms with w_c = 0 are 0, also at a
+                                             masked (-inf) class; no clipping of p
+    d loss / d z_j = p_j G - g_j,  g_c = w_c r_c^gamma (1 - gamma p_c log p_c / r_c)
+
+(for a sparse, unsmoothed row, whose only weighted class is the label y: p_j g_y off the label
+and expm1(log p_y) g_y on it, without the cancellation of p_y G - g_y), with the limits
+p log p / r -> 0 at p = 0 and log p / r -> -1 at p = 1, so the gradient is finite
+at p = 1 also for gamma < 1, where autodiff of the composition would give NaN: the gradient is
+this analytic one (`tf.custom_gradient`), computed from the logits and the forward's two row
+statistics. float16 and bfloat16 are computed in float32 and cast back; float64 in float64.
+gamma and label_smoothing are rounded to float32 first, as the native op's float attributes
+are, so both paths compute with the same parameters.
+
+Bad labels (a class id outside `[0, C)` that is not `ignore_class`, a float label that is not a
+whole number): where TensorFlow can raise (eager, or a graph not compiled by XLA) the call
+raises `InvalidArgumentError` naming the example and the value, as the native op does. An XLA
+program cannot raise, so there the bad example's loss and gradient row are NaN, and no other
+row changes. Class weights known only at run time that are negative or NaN make every row NaN
+under XLA (they are no one row's fault) and raise elsewhere.
+
+A reduced CustomLoss on this path is the sum of these losses times Keras's per-example weights,
+differentiated through their analytic gradient: no gradient is made in a forward op here.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import tensorflow as tf
+
+
+def _accumulator(dtype: tf.DType) -> tf.DType:
+    return tf.float64 if dtype == tf.float64 else tf.float32
+
+
+def _row_log_softmax(z: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """(m, log_sum) per row, such that log p = (z - m) - log_sum (csrc/cpu/row_loss.h)."""
+    lowest = np.finfo(z.dtype.as_numpy_dtype).min
+    # Started at the lowest finite value, so a row of -inf logits never forms -inf - (-inf).
+    m = tf.maximum(tf.reduce_max(z, axis=-1), lowest)
+    tie = tf.equal(z, m[..., None])
+    # Each logit equal to m contributes exactly 1: kept out of the float sum so the other
+    # classes' small share keeps its digits. A NaN logit is no tie and makes the sum NaN.
+    others = tf.reduce_sum(tf.where(tie, tf.zeros_like(z), tf.exp(z - m[..., None])), axis=-1)
+    ties = tf.reduce_sum(tf.cast(tie, z.dtype), axis=-1)
+    log_sum = tf.where(ties > 0, tf.math.log1p(others + (ties - 1)), tf.math.log(others))
+    # A +inf logit: the softmax is inf / inf, the whole row NaN (as in the native op).
+    return m, tf.where(tf.math.is_inf(m), tf.constant(np.nan, z.dtype), log_sum)
+
+
+def _focal_factors(lp: tf.Tensor, gamma: float) -> tuple[tf.Tensor, tf.Tensor]:
+    """(r^gamma lp, r^gamma (1 - gamma p lp / r)): the loss term and g_c / w_c."""
+    if gamma == 0.0:
+        return lp, tf.ones_like(lp)
+    p = tf.exp(lp)
+    r = -tf.math.expm1(lp)
+    r_pow = tf.pow(r, gamma)  # pow(0, gamma > 0) = 0
+    safe_r = tf.where(r == 0, tf.ones_like(r), r)
+    # The limits: p lp / r -> 0 at p = 0 (lp may be -inf), lp / r -> -1 at r = 0.
+    p_lp_over_r = tf.where(p == 0, tf.zeros_like(p), tf.where(r == 0, -p, p * lp / safe_r))
+    return r_pow * lp, r_pow * (1.0 - gamma * p_lp_over_r)
+
+
+def _not_zero(w: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
+    """w * values, with 0 where w is 0 (a masked class that carries no weight adds nothing,
+    not 0 * -inf)."""
+    return tf.where(w == 0, tf.zeros_like(values), w * values)
+
+
+def _example_index(flat_index: int, shape: tuple) -> str:
+    index = np.unravel_index(flat_index, shape) if shape else ()
+    return "labels[" + ", ".join(str(int(k)) for k in index) + "]"
+
+
+def _class_ids(labels: tf.Tensor, logits: tf.Tensor, ignore_class: Optional[int],
+               can_raise: bool) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """(ids, ignored, bad) for sparse labels, each of the rows' shape.
+
+    `bad` marks class ids outside [0, C) that are not ignore_class and float labels that are not
+    whole numbers. With `can_raise` a bad label raises InvalidArgumentError (eagerly, or through
+    an assertion in the graph) naming the example and the value.
+    """
+    shape = tf.shape(logits)
+    row_shape, num_classes = shape[:-1], shape[-1]
+    if labels.shape.rank is not None and labels.shape.rank == logits.shape.rank:
+        labels = tf.squeeze(labels, axis=-1)  # the trailing 1 Keras passes (checked before)
+    if can_raise and not labels.shape.is_fully_defined():
+        tf.debugging.assert_equal(
+            tf.shape(labels, out_type=row_shape.dtype), row_shape,
+            message="custom_loss: sparse labels must have shape logits.shape[:-1] (optionally "
+                    "with a trailing 1)")
+    labels = tf.reshape(labels, row_shape)
+    ids = tf.cast(labels, tf.int64)
+    whole = None
+    if labels.dtype.is_floating:
+        # NaN, infinities and fractions fail this (a huge value casts to an unrelated integer).
+        whole = tf.equal(tf.cast(ids, labels.dtype), labels)
+    if ignore_class is None:
+        ignored = tf.zeros_like(ids, dtype=tf.bool)
+    else:
+        ignored = tf.equal(ids, ignore_class)
+        if whole is not None:
+            ignored = tf.logical_and(ignored, whole)
+    in_range = tf.logical_and(ids >= 0, ids < tf.cast(num_classes, tf.int64))
+    bad = tf.logical_not(tf.logical_or(in_range, ignored))
+    if whole is not None:
+        bad = tf.logical_or(bad, tf.logical_not(whole))
+    if can_raise:
+        _raise_on_bad_labels(labels, bad, num_classes, ignore_class)
+    return ids, ignored, bad
+
+
+def _raise_on_bad_labels(labels: tf.Tensor, bad: tf.Tensor, num_classes: tf.Tensor,
+                         ignore_class: Optional[int]) -> None:
+    also = "" if ignore_class is None else f" nor ignore_class ({ignore_class})"
+    if tf.executing_eagerly():
+        flat = bad.numpy().reshape(-1)
+        if flat.any():
+            first = int(np.flatnonzero(flat)[0])
+            value = labels.numpy().reshape(-1)[first]
+            value = value.item() if labels.dtype.is_floating else int(value)
+            raise tf.errors.InvalidArgumentError(
+                None, None,
+                f"custom_loss: {_example_index(first, tuple(labels.shape))} = {value} is not a "
+                f"class id in [0, {int(num_classes)}){also}")
+        return
+    flat_bad = tf.reshape(bad, [-1])
+    # A sentinel keeps argmax and gather defined for an empty batch.
+    first = tf.argmax(tf.concat([tf.cast(flat_bad, tf.int32), [1]], 0), output_type=tf.int64)
+    flat_labels = tf.concat([tf.reshape(labels, [-1]), tf.zeros([1], labels.dtype)], 0)
+    tf.debugging.Assert(
+        tf.logical_not(tf.reduce_any(bad)),
+        ["custom_loss: labels.flat[", first, "] =", tf.gather(flat_labels, first),
+         "is not a class id in [0, C) with C =", num_classes, also])
+
+
+def _weights_ok(class_weights: tf.Tensor, num_classes: tf.Tensor, can_raise: bool) -> tf.Tensor:
+    """True when the run-time class weights are finite and >= 0 (raises instead, where it can)."""
+    ok = tf.reduce_all(tf.logical_and(tf.math.is_finite(class_weights), class_weights >= 0))
+    if can_raise:
+        tf.debugging.assert_equal(tf.size(class_weights, out_type=num_classes.dtype),
+                                  num_classes,
+                                  message="custom_loss: class_weights must have one entry per "
+                                          "class")
+        tf.debugging.Assert(ok, ["custom_loss: class_weights must be finite numbers >= 0, got",
+                                 class_weights])
+    return ok
+
+
+def custom_loss(
+    logits: tf.Tensor,
+    labels: tf.Tensor,
+    *,
+    dense: bool,
+    class_weights: Optional[tf.Tensor] = None,
+    gamma: float = 0.0,
+    label_smoothing: float = 0.0,
+    ignore_class: Optional[int] = None,
+    can_raise: bool = True,
+) -> tf.Tensor:
+    """The per-example loss of `tf_metal_ops.custom_loss`, composed of TensorFlow ops.
+
+    Called by `tf_metal_ops.custom_loss` after its argument checks; see the module docstring.
+
+    Args:
+        logits: `[..., C]`, float16, bfloat16, float32 or float64.
+        labels: class ids of shape `logits.shape[:-1]` (or with a trailing 1; integers, or
+            floats holding whole numbers) when `dense` is False, else targets of the logits'
+            shape.
+        dense: whether `labels` are dense targets.
+        class_weights: optional float vector of `C` weights, or None for ones.
+        gamma: focusing parameter, `>= 0` (already checked).
+        label_smoothing: in `[0, 1]` (already checked).
+        ignore_class: optional class id whose examples get loss 0 and gradient 0.
+        can_raise: whether bad labels may raise `InvalidArgumentError` (False inside XLA, where
+            they give NaN rows instead).
+
+    Returns:
+        The per-example loss, shape `logits.shape[:-1]`, dtype of `logits`; differentiable with
+        respect to `logits` by the analytic gradient.
+    """
+    acc = _accumulator(logits.dtype)
+    # The native op receives both as float32 attributes; the same rounding here.
+    gamma = float(np.float32(gamma))
+    eps = float(np.float32(label_smoothing))
+    shape = tf.shape(logits)
+    num_classes = shape[-1]
+
+    ignored = bad = None
+    weights_ok = weights = None
+    if class_weights is not None:
+        weights = tf.cast(class_weights, tf.float32)
+        weights_ok = _weights_ok(weights, num_classes, can_raise)
+        weights = tf.cast(weights, acc)
+    # A sparse, unsmoothed row has one weighted class y: w_y = a_y, everything else 0. Its
+    # gradient is then p_j g_y off the label and -r_y g_y = expm1(log p_y) g_y on it, as the
+    # native kernel computes it: p_y G - g_y would cancel the digits of a confident row.
+    labelled_only = not dense and eps == 0.0
+    is_label = w_y = w = None
+    if dense:
+        if can_raise and not (labels.shape.is_fully_defined() and logits.shape.is_fully_defined()):
+            tf.debugging.assert_equal(tf.shape(labels), shape,
+                                      message="custom_loss: dense labels must have the logits' "
+                                              "shape")
+        w = tf.cast(labels, acc)
+    else:
+        ids, ignored, bad = _class_ids(labels, logits, ignore_class, can_raise)
+        # No class matches a bad id: its row is all zeros until `finish` makes it NaN. Gathers
+        # use a clipped id (TensorFlow's CPU gather refuses one out of range).
+        is_label = tf.equal(tf.range(tf.cast(num_classes, tf.int64)), ids[..., None])
+        safe_ids = tf.clip_by_value(ids, 0, tf.cast(num_classes - 1, tf.int64))
+        w_y = tf.ones_like(ids, dtype=acc) if weights is None else tf.gather(weights, safe_ids)
+        if not labelled_only:
+            w = tf.cast(is_label, acc)
+    if w is not None:
+        # q = (1 - eps) t + eps / C, then w = a q.
+        if eps != 0.0:
+            w = (1.0 - eps) * w + eps / tf.cast(num_classes, acc)
+        if weights is not None:
+            w = w * weights
+
+    def finish(values: tf.Tensor, row_axis_extra: bool) -> tf.Tensor:
+        """0 on ignored rows, NaN on bad ones (and everywhere for bad run-time weights)."""
+        def rows(mask: tf.Tensor) -> tf.Tensor:
+            return mask[..., None] if row_axis_extra else mask
+
+        if ignored is not None:
+            values = tf.where(rows(ignored), tf.zeros_like(values), values)
+        nan = tf.fill(tf.shape(values), tf.constant(np.nan, values.dtype))
+        if bad is not None:
+            values = tf.where(rows(bad), nan, values)
+        if weights_ok is not None:
+            values = tf.where(weights_ok, values, nan)
+        return values
+
+    def log_p(logits_in: tf.Tensor, m: tf.Tensor, log_sum: tf.Tensor) -> tf.Tensor:
+        return (tf.cast(logits_in, acc) - m[..., None]) - log_sum[..., None]
+
+    def at_label(values: tf.Tensor) -> tf.Tensor:
+        """values[..., y] per row: a gather, not a pass over every class, where the rank is
+        known."""
+        rank = safe_ids.shape.rank
+        if rank is not None:
+            return tf.gather(values, safe_ids[..., None], batch_dims=rank)[..., 0]
+        return tf.reduce_sum(tf.where(is_label, values, tf.zeros_like(values)), axis=-1)
+
+    def total_weight() -> tf.Tensor:
+        """G = sum_c w_c of a cross-entropy row (gamma = 0), per row without a pass over the
+        classes for class ids: (1 - eps) a_y + eps / C sum_c a_c."""
+        if dense:
+            return tf.reduce_sum(w, axis=-1, keepdims=True)
+        share = tf.cast(num_classes, acc) if weights is None else tf.reduce_sum(weights)
+        return ((1.0 - eps) * w_y + eps / tf.cast(num_classes, acc) * share)[..., None]
+
+    @tf.custom_gradient
+    def loss_of(logits_in: tf.Tensor):
+        m, log_sum = _row_log_softmax(tf.cast(logits_in, acc))
+        if labelled_only:
+            lp_y = (tf.cast(at_label(logits_in), acc) - m) - log_sum
+            loss_factor, _ = _focal_factors(lp_y, gamma)
+            loss = -_not_zero(w_y, loss_factor)
+        else:
+            loss_factor, _ = _focal_factors(log_p(logits_in, m, log_sum), gamma)
+            loss = -tf.reduce_sum(_not_zero(w, loss_factor), axis=-1)
+        loss = finish(loss + 0.0, row_axis_extra=False)  # + 0.0: no -0.0
+
+        def gradient(upstream: tf.Tensor) -> tf.Tensor:
+            # From the logits and the two row statistics, as the native gradient op does,
+            # rather than keeping N x C intermediates of the forward alive.
+            lp = log_p(logits_in, m, log_sum)
+            if labelled_only:
+                lp_y = (tf.cast(at_label(logits_in), acc) - m) - log_sum
+                _, grad_factor = _focal_factors(lp_y, gamma)
+                g_y = _not_zero(w_y, grad_factor)
+                # expm1 once per row: tf.where would evaluate both branches on every class.
+                grad = tf.where(is_label, (g_y * tf.math.expm1(lp_y))[..., None],
+                                g_y[..., None] * tf.exp(lp))
+            elif gamma == 0.0:
+                grad = tf.exp(lp) * total_weight() - w  # g_c = w_c
+            else:
+                _, grad_factor = _focal_factors(lp, gamma)
+                g = _not_zero(w, grad_factor)
+                grad = tf.exp(lp) * tf.reduce_sum(g, axis=-1, keepdims=True) - g
+            grad = grad * tf.cast(upstream, acc)[..., None]
+            return tf.cast(finish(grad, row_axis_extra=True), logits_in.dtype)
+
+        return tf.cast(loss, logits_in.dtype), gradient
+
+    return loss_of(logits)
