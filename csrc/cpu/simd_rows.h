@@ -23,12 +23,12 @@
 // twice: at 65536 x 1000 the whole step went from 1.8x to 1.1x the memory floor.
 //
 // p_c is e_c / (others + ties), which is exp(lp_c) with lp_c = (z_c - max) - log_sum as in
-// custom_loss_math.h; reusing e_c saves the second exponential per element. The gradient is written
-// in place: pass 2 stores e_c straight into the gradient row (float32), which pass 3 turns into
-// d loss / d z, so nothing of size N x C is allocated besides the output. Half and bfloat16
-// rows keep e_c (and g_c) in a per-thread float buffer of C elements instead, so nothing is
-// rounded to 16 bits before the end; so do float rows whose gradient overwrites the logits
-// themselves (args.in_place), since later passes still read z_c.
+// custom_loss_math.h; reusing e_c saves the second exponential per element. The gradient is
+// written in place: pass 2 stores e_c straight into the gradient row (float32), which pass 3
+// turns into d loss / d z, so nothing of size N x C is allocated besides the output. Half and
+// bfloat16 rows keep e_c (and g_c) in a per-thread float buffer of C elements instead, so
+// nothing is rounded to 16 bits before the end; so do float rows whose gradient overwrites the
+// logits themselves (args.in_place), since later passes still read z_c.
 //
 // Where the vector formulas are not exact enough the shared scalar math (custom_loss_math.h)
 // takes over for that element: r_c = 1 - p_c is exact to an ulp only for p_c <= 1/2, so lanes
@@ -212,9 +212,9 @@ TMO_SIMD_INLINE float RowMax(const T* z, int64_t num_classes) {
 }
 
 // Pass 2. Each logit equal to the maximum adds exactly 1 (counted in `ties`), the others'
-// share is summed apart so a confident row keeps its digits (custom_loss_math.h). The tail's padding
-// lanes hold the maximum itself (exp(0): Exp's fast path) and are then masked out of e and of
-// the ties.
+// share is summed apart so a confident row keeps its digits (custom_loss_math.h). The tail's
+// padding lanes hold the maximum itself (exp(0): Exp's fast path) and are then masked out of e
+// and of the ties.
 //
 // This pass reads the row from the cache and spends its time on Exp, while pass 1 of the next
 // row waits for memory; so it also asks for the next row (`next_z`, into L2: a row of 32000
