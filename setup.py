@@ -140,7 +140,8 @@ def native_extension(
         sources=sources,
         # setuptools does not scan #includes: without these, editing only a header leaves an
         # in-place build stale.
-        depends=sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc").rglob("*.h")),
+        depends=sorted(str(p.relative_to(ROOT))
+                       for p in [*(ROOT / "csrc").rglob("*.h"), *(ROOT / "kernels").glob("*.h")]),
         include_dirs=[str(ROOT), str(include_dir)],
         define_macros=define_macros,
         extra_compile_args=extra_compile_args,

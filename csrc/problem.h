@@ -36,7 +36,7 @@ enum OutputIndex : int {
 // Row statistics: the forward op's second output and the gradient op's last input, float32
 // [num_rows, kRowStatsWidth] holding, per flattened row, the softmax pieces the loss was computed
 // from: max_c z_c, log_sum = log sum_c exp(z_c - max) (summed so a confident row keeps its
-// digits, see csrc/cpu/row_loss.h) and 1 / sum_c exp(z_c - max). They depend on the logits
+// digits, see kernels/custom_loss_math.h) and 1 / sum_c exp(z_c - max). They depend on the logits
 // alone. A gradient given them skips the passes that find them again, and (CPU) computes a
 // plain or smoothed cross-entropy gradient in one pass over the row. The gradient is the same
 // bit for bit as without them, except where the CPU forward computed rows in groups

@@ -4,47 +4,12 @@
 // emulator in tests/msl_host/ (which compiles this file as C++).
 //
 // ---------------------------------------------------------------------------------------------
-// The loss, for one row (example) with logits z_1..z_C:
-//   q_c  = (1 - eps) t_c + eps / C              t = one_hot(y) (sparse) or the dense target row
-//   w_c  = a_c q_c                              a = class weights (all 1 by default)
-//   lp_c = log p_c = z_c - log sum_k exp(z_k)   (log-softmax)
-//   r_c  = 1 - p_c
-//   loss = - sum_c w_c r_c^gamma lp_c           0^0 = 1; a term with w_c == 0 is 0
-//   rows whose sparse label == ignore_class: loss 0, gradient 0.
-//
-// The gradient. Let f_c(p) = -w_c (1 - p)^gamma log p, so loss = sum_c f_c(p_c). Then
-//   f_c'(p_c)  = w_c [ gamma r_c^(gamma-1) lp_c - r_c^gamma / p_c ]
-//   dp_c/dz_j  = p_c (delta_cj - p_j)                                  (softmax Jacobian)
-//   dloss/dz_j = sum_c f_c'(p_c) p_c (delta_cj - p_j)
-//              = -sum_c g_c (delta_cj - p_j) = p_j G - g_j
-// with
-//   g_c = w_c [ r_c^gamma - gamma p_c r_c^(gamma-1) lp_c ] = w_c r_c^gamma (1 - gamma p_c lp_c / r_c)
-//   G   = sum_c g_c.
-// (gamma = 0: g_c = w_c and dloss/dz_j = p_j sum_c w_c - w_j, softmax minus target.)
-// The gradient kernel writes upstream[row] * (p_j G - g_j) (evaluated as p_j (G - g_j) - g_j r_j,
-// see gradient_value): the incoming per-row gradient is
-// folded in, and everything is recomputed from the logits (no N x C intermediate is saved).
-//
-// Numerics (all arithmetic in float, whatever T is; loads convert, stores round once):
-// - log-sum-exp keeps (max m, ties k, others s): k = number of logits equal to m, each
-//   contributing exactly 1, and s = sum of exp(z - m) over the rest. Then
-//   log sum exp(z - m) = log1p(s + (k - 1)), so for a confident row (s < 1e-7) the target's
-//   lp = -log1p(s) keeps its digits instead of rounding to 0 (as 1 + s would in float).
-// - m starts at the lowest finite float, not -inf: a row that begins with -inf logits (masked
-//   classes) never forms -inf - (-inf). A row of only -inf logits has k = 0, s = 0, so
-//   log-sum = log(0) = -inf and every lp = -inf + inf = NaN: the softmax is undefined.
-// - A NaN logit is neither > m nor == m, so it lands in s and makes the row NaN (that row only).
-//   A +inf logit makes the softmax undefined too (inf - inf); the row is NaN, like the reference.
-// - r_c = -expm1(lp_c), not 1 - exp(lp_c), so r keeps its digits when p is near 1.
-// - lp / r -> -1 as r -> 0 (log(1 - r) = -r + O(r^2)): we use -1 when r == 0, so for gamma < 1
-//   the factor gamma p r^(gamma-1) lp = gamma p (lp / r) r^gamma has its finite limit (0 at
-//   p = 1) and is never inf * 0.
-// - p_c == 0 (a -inf logit, or exp underflow): p lp / r is taken as its limit 0, not 0 * -inf.
-// - MSL has no expm1 / log1p: expm1_nonpositive and log1p_nonnegative below use Kahan's
-//   correction with precise exp/log, accurate to a few ulps.
-// - Every exp/log/pow is metal::precise::, and the library must still be compiled with fast
-//   math off (MTLMathModeSafe / fastMathEnabled = NO / -fno-fast-math): fast math lets the
-//   compiler assume no NaN or inf, which would break the NaN and -inf rules above.
+// What a row computes, and why each formula is written as it is, is derived in
+// custom_loss_math.h, the scalar math these kernels share with the CPU's scalar paths. Here: how
+// a row's threads share the work. The gradient kernel writes upstream[row] * dloss/dz_j: the
+// incoming per-row gradient is folded in, and everything is recomputed from the logits (no
+// N x C intermediate is saved). All arithmetic is in float, whatever T is; loads convert, stores
+// round once.
 //
 // The two variants (chosen on the host by csrc/launch_plan.cc from C):
 // - rowtg   (C > 256): one row per threadgroup. Each thread strides over the row; partial
@@ -68,6 +33,7 @@
 
 #include <metal_stdlib>
 
+#include "custom_loss_math.h"
 #include "custom_loss_params.h"
 
 // Hooks with a Metal default: the Linux shim (tests/msl_host/include/metal_stdlib) defines them
@@ -94,7 +60,6 @@
   uint sg_index [[simdgroup_index_in_threadgroup]],          \
   uint sg_count [[simdgroups_per_threadgroup]]
 
-#define TFMO_LOWEST_FINITE (-FLT_MAX)
 #define TFMO_ROW_VALID 0u
 #define TFMO_ROW_IGNORED 1u
 #define TFMO_ROW_BAD_LABEL 2u
@@ -102,74 +67,6 @@
 namespace tfmo {
 
 using namespace metal;
-
-// ---- scalar math ------------------------------------------------------------------------------
-
-// expm1(x) for x <= 0 (or NaN). With u = exp(x) rounded, (u - 1) * x / log(u) cancels the
-// rounding error of u (Kahan). u == 1: |x| is below half an ulp of 1, expm1(x) = x.
-// u - 1 == -1: exp(x) is negligible next to 1 (x < -17, or x = -inf).
-inline float expm1_nonpositive(float x) {
-  const float u = precise::exp(x);
-  if (u == 1.0f) return x;
-  const float um1 = u - 1.0f;
-  if (um1 == -1.0f) return -1.0f;
-  return um1 * (x / precise::log(u));
-}
-
-// log1p(x) for x >= 0 (or NaN), same correction: u = 1 + x rounded, log(u) * x / (u - 1).
-inline float log1p_nonnegative(float x) {
-  const float u = 1.0f + x;
-  if (u == 1.0f) return x;
-  return precise::log(u) * (x / (u - 1.0f));
-}
-
-// r^gamma with 0^0 = 1 and 0^gamma = 0 (gamma > 0); r is in [0, 1] or NaN.
-inline float focal_power(float r, float gamma) {
-  if (gamma == 0.0f) return 1.0f;
-  if (r == 0.0f) return 0.0f;
-  return precise::pow(r, gamma);
-}
-
-// w r^gamma lp: one class's term of -loss. 0 when w == 0, even for lp = -inf.
-inline float loss_term(float lp, float w, float gamma) {
-  if (w == 0.0f) return 0.0f;
-  const float r = -expm1_nonpositive(lp);
-  return w * focal_power(r, gamma) * lp;
-}
-
-// One class's gradient quantities, computed once per class.
-struct GradientParts {
-  float p;  // p_c
-  float r;  // r_c = 1 - p_c, from expm1
-  float g;  // g_c = w r^gamma (1 - gamma p lp / r); 0 when w == 0
-};
-
-// lp / r -> -1 at r == 0 and p lp / r -> 0 at p == 0 (see the numerics notes above).
-inline GradientParts gradient_parts(float lp, float w, float gamma) {
-  GradientParts out;
-  out.p = precise::exp(lp);
-  out.r = -expm1_nonpositive(lp);
-  out.g = 0.0f;
-  if (w != 0.0f) {
-    const float lp_over_r = out.r == 0.0f ? -1.0f : lp / out.r;
-    const float p_lp_over_r = out.p == 0.0f ? 0.0f : out.p * lp_over_r;
-    out.g = w * focal_power(out.r, gamma) * (1.0f - gamma * p_lp_over_r);
-  }
-  return out;
-}
-
-inline float gradient_term(float lp, float w, float gamma) {
-  if (w == 0.0f) return 0.0f;
-  return gradient_parts(lp, w, gamma).g;
-}
-
-// d loss / d z_j = p_j G - g_j, written as p_j (G - g_j) - g_j r_j. The same number, but when
-// p_j is close to 1 the direct form subtracts two nearly equal products and keeps only the digits
-// of p_j (1e-3 relative error at r_j = 1e-4 in float); here g_j r_j carries r_j's own digits, and
-// G - g_j is exactly 0 when g_j is the row's only term (sparse labels without smoothing).
-inline float gradient_value(GradientParts t, float big_g) {
-  return t.p * (big_g - t.g) - t.g * t.r;
-}
 
 // ---- a thread's running sums -----------------------------------------------------------------
 // Each thread of a row adds up C / threads terms (256 at C = 262144 with 1024 threads). Added
@@ -202,21 +99,10 @@ inline float compensated_value(CompensatedSum s) {
   return isfinite(s.sum) ? s.sum + s.carry : s.sum;
 }
 
-// ---- log-sum-exp state ------------------------------------------------------------------------
+// ---- log-sum-exp state (custom_loss_math.h), walked and reduced by a row's threads -----------
 
-struct LogSumExp {
-  float max;     // m: largest logit seen, starts at the lowest finite float
-  float ties;    // k: how many logits equal m (each contributes exp(0) = 1)
-  float others;  // s: sum of exp(z - m) over the logits below m (NaN logits land here)
-};
-
-inline LogSumExp lse_empty() {
-  LogSumExp s;
-  s.max = TFMO_LOWEST_FINITE;
-  s.ties = 0.0f;
-  s.others = 0.0f;
-  return s;
-}
+typedef LogSumExp<float> LseState;
+typedef RowLogSoftmax<float> RowLse;
 
 // One thread's log-sum-exp state while it walks its classes: `others` summed compensated.
 struct LogSumExpPartial {
@@ -227,7 +113,7 @@ struct LogSumExpPartial {
 
 inline LogSumExpPartial lse_partial_empty() {
   LogSumExpPartial s;
-  s.max = TFMO_LOWEST_FINITE;
+  s.max = math::lowest<float>();
   s.ties = 0.0f;
   s.others = compensated_zero();
   return s;
@@ -235,59 +121,41 @@ inline LogSumExpPartial lse_partial_empty() {
 
 inline void lse_add(thread LogSumExpPartial& s, float z) {
   if (z > s.max) {  // the old maximum and its ties move into `others`, rescaled to the new one
-    s.others.sum = (compensated_value(s.others) + s.ties) * precise::exp(s.max - z);
+    s.others.sum = (compensated_value(s.others) + s.ties) * math::exp(s.max - z);
     s.others.carry = 0.0f;
     s.ties = 1.0f;
     s.max = z;
   } else if (z == s.max) {
     s.ties += 1.0f;
   } else {
-    compensated_add(s.others, precise::exp(z - s.max));
+    compensated_add(s.others, math::exp(z - s.max));
   }
 }
 
-inline LogSumExp lse_settle(LogSumExpPartial s) {
-  LogSumExp out;
+inline LseState lse_settle(LogSumExpPartial s) {
+  LseState out;
   out.max = s.max;
   out.ties = s.ties;
   out.others = compensated_value(s.others);
   return out;
 }
 
-// Commutative (bitwise: a + b == b + a), which the butterflies rely on.
-inline LogSumExp lse_combine(LogSumExp a, LogSumExp b) {
-  LogSumExp out;
-  if (a.max == b.max) {
-    out.max = a.max;
-    out.ties = a.ties + b.ties;
-    out.others = a.others + b.others;
-  } else if (a.max > b.max) {
-    out.max = a.max;
-    out.ties = a.ties;
-    out.others = a.others + (b.others + b.ties) * precise::exp(b.max - a.max);
-  } else {
-    out.max = b.max;
-    out.ties = b.ties;
-    out.others = b.others + (a.others + a.ties) * precise::exp(a.max - b.max);
-  }
-  return out;
-}
-
 // The whole SIMD-group's state, in every lane.
-inline LogSumExp lse_simd_reduce(LogSumExp s) {
+inline LseState lse_simd_reduce(LseState s) {
   const float m = simd_max(s.max);  // never NaN: max only takes values that compared greater
   const bool top = s.max == m;
-  LogSumExp out;
+  LseState out;
   out.max = m;
   out.ties = simd_sum(top ? s.ties : 0.0f);
-  out.others = simd_sum(top ? s.others : (s.others + s.ties) * precise::exp(s.max - m));
+  out.others = simd_sum(top ? s.others : (s.others + s.ties) * math::exp(s.max - m));
   return out;
 }
 
-// The state of a group of `lanes` consecutive lanes (power of two), in each of them.
-inline LogSumExp lse_group_reduce(LogSumExp s, uint lanes) {
+// The state of a group of `lanes` consecutive lanes (power of two), in each of them; the
+// butterfly leaves them bitwise equal because lse_combine is commutative.
+inline LseState lse_group_reduce(LseState s, uint lanes) {
   for (uint offset = lanes / 2; offset > 0; offset /= 2) {
-    LogSumExp other;
+    LseState other;
     other.max = simd_shuffle_xor(s.max, ushort(offset));
     other.ties = simd_shuffle_xor(s.ties, ushort(offset));
     other.others = simd_shuffle_xor(s.others, ushort(offset));
@@ -300,28 +168,6 @@ inline float group_sum(float x, uint lanes) {
   for (uint offset = lanes / 2; offset > 0; offset /= 2) x += simd_shuffle_xor(x, ushort(offset));
   return x;
 }
-
-// lp_c = (z_c - max) - log_sum. Kept in two parts: adding a small log_sum to a large max would
-// round it away (30 + 1e-9 == 30 in float).
-struct RowLogSoftmax {
-  float max;
-  float log_sum;
-};
-
-inline RowLogSoftmax lse_finish(LogSumExp s) {
-  RowLogSoftmax out;
-  out.max = s.max;
-  if (s.max == INFINITY) {
-    out.log_sum = NAN;  // a +inf logit: inf - inf, no softmax
-  } else if (s.ties == 0.0f) {
-    out.log_sum = precise::log(s.others);  // only -inf (log 0 = -inf, lp = NaN) or NaN logits
-  } else {
-    out.log_sum = log1p_nonnegative(s.others + (s.ties - 1.0f));
-  }
-  return out;
-}
-
-inline float log_prob(RowLogSoftmax ls, float z) { return (z - ls.max) - ls.log_sum; }
 
 // ---- labels ---------------------------------------------------------------------------------
 
@@ -390,7 +236,7 @@ struct ThreadgroupReduce {
   uint sg_index;
   uint sg_count;
 
-  LogSumExp lse(LogSumExp s) const {
+  LseState lse(LseState s) const {
     s = lse_simd_reduce(s);
     if (lane == 0u) {
       scratch[sg_index] = s.max;
@@ -399,7 +245,7 @@ struct ThreadgroupReduce {
     }
     threadgroup_barrier(mem_flags::mem_threadgroup);
     // sg_count <= SIMD width (the plan guarantees it): one lane per partial, in every SIMD-group.
-    LogSumExp part = lse_empty();
+    LseState part = lse_empty<float>();
     if (lane < sg_count) {
       part.max = scratch[lane];
       part.ties = scratch[sg_count + lane];
@@ -418,7 +264,7 @@ struct ThreadgroupReduce {
 
 struct LaneGroupReduce {
   uint lanes;
-  LogSumExp lse(LogSumExp s) const { return lse_group_reduce(s, lanes); }
+  LseState lse(LseState s) const { return lse_group_reduce(s, lanes); }
   float sum(float x) const { return group_sum(x, lanes); }
 };
 
@@ -445,7 +291,7 @@ inline void process_row(const device T* logits, const device LabelT* labels,
   // Pass 1: log-sum-exp of the row.
   LogSumExpPartial partial = lse_partial_empty();
   for (uint c = first; c < num_classes; c += stride) lse_add(partial, float(logits[base + c]));
-  const RowLogSoftmax ls = lse_finish(reduce.lse(lse_settle(partial)));
+  const RowLse ls = lse_finish(reduce.lse(lse_settle(partial)));
   const float gamma = params.gamma;
 
   // Pass 2: the row's sum: -loss = sum_c w_c r_c^gamma lp_c (forward) or G = sum_c g_c.

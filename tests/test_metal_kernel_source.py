@@ -110,8 +110,9 @@ def test_metal_kernel_source_assembles_real_kernels_to_the_same_program(driver, 
     # Nothing quoted is left to resolve (there is no include path at run time)...
     for name in re.findall(r'^\s*#\s*include\s*"([^"]+)"', assembled, flags=re.M):
         assert not (KERNELS_DIR / name).exists(), f'#include "{name}" was not inlined'
-    # ...each header's contents appear once...
+    # ...each header's contents appear once (the scalar math the CPU shares included)...
     assert assembled.count("struct CustomLossParams {") == 1
+    assert assembled.count("struct GradientParts {") == 1
     # ...and the program is unchanged: the same tokens after preprocessing.
     stub = tmp_path / "stub"
     stub.mkdir()

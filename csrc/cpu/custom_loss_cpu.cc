@@ -3,9 +3,10 @@
 //
 // Float, half and bfloat16 logits run the vectorized rows of rows_dispatch.h (the variant for
 // this CPU's instruction set), spread over the thread pool by ParallelFor. Float64 logits run
-// the scalar rows below, built on row_loss.h, which derives the formulas and their limits and
-// which the vectorized rows also fall back on for single elements. A row is read from memory
-// once per pass and stays in the cache between passes.
+// the scalar rows below, built on kernels/custom_loss_math.h (the scalar math shared with the
+// Metal kernels, which derives the formulas and their limits, and which the vectorized rows also
+// fall back on for single elements). A row is read from memory once per pass and stays in the
+// cache between passes.
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -18,10 +19,10 @@
 #include "csrc/cpu/gradient_cache.h"
 #include "csrc/cpu/huge_pages.h"
 #include "csrc/cpu/parallel_for.h"
-#include "csrc/cpu/row_loss.h"
 #include "csrc/cpu/rows_dispatch.h"
 #include "csrc/problem.h"
 #include "csrc/runtime.h"
+#include "kernels/custom_loss_math.h"
 
 namespace tf_metal_ops {
 namespace {
@@ -76,63 +77,80 @@ struct DenseTargets {
   bool OnlyLabelled() const { return false; }
 };
 
+// The row's log-softmax (custom_loss_math.h's state), in two passes that both vectorize: the
+// maximum, then the sum split into the ties (exactly 1 each) and the others.
+template <typename T, typename Acc = typename Accumulator<T>::type>
+tfmo::RowLogSoftmax<Acc> LogSoftmaxOfRow(const T* z, int64_t num_classes) {
+  tfmo::LogSumExp<Acc> state = tfmo::lse_empty<Acc>();
+  for (int64_t c = 0; c < num_classes; ++c) {
+    const Acc value = Load(z[c]);
+    state.max = value > state.max ? value : state.max;
+  }
+  for (int64_t c = 0; c < num_classes; ++c) {
+    const Acc value = Load(z[c]);
+    const bool tie = value == state.max;
+    state.others += tie ? Acc(0) : tfmo::math::exp(value - state.max);
+    state.ties += tie ? Acc(1) : Acc(0);
+  }
+  return tfmo::lse_finish(state);
+}
+
 template <typename T, typename Targets>
 typename Accumulator<T>::type RowLoss(const RowSetup<T>& setup, const T* z, const Targets& targets) {
   using Acc = typename Accumulator<T>::type;
-  const LogSoftmax<Acc> log_softmax = RowLogSoftmax(z, setup.num_classes);
+  const tfmo::RowLogSoftmax<Acc> ls = LogSoftmaxOfRow(z, setup.num_classes);
   if (targets.OnlyLabelled()) {
-    const Acc w = targets.Weight(targets.label);
+    const Acc lp = tfmo::log_prob(ls, Acc(Load(z[targets.label])));
     // 0 - x rather than -x: a zero loss is +0, not -0.
-    return w == 0 ? Acc(0) : Acc(0) - w * Focal<Acc>(log_softmax(Load(z[targets.label])), setup.gamma).loss;
+    return Acc(0) - tfmo::loss_term(lp, targets.Weight(targets.label), setup.gamma);
   }
   Acc loss = 0;
   for (int64_t c = 0; c < setup.num_classes; ++c) {
     const Acc w = targets.Weight(c);
-    if (w != 0) loss -= w * Focal<Acc>(log_softmax(Load(z[c])), setup.gamma).loss;
+    if (w != 0) loss -= tfmo::loss_term(tfmo::log_prob(ls, Acc(Load(z[c]))), w, setup.gamma);
   }
   return loss;
 }
 
-// Writes upstream * d loss / d z for one row. `scratch` holds C accumulators for g_c when the
-// focal factor makes g_c too costly to compute twice.
+// Writes upstream * d loss / d z for one row, as gradient_value's p_j (G - g_j) - g_j r_j.
+// `scratch` holds C accumulators for g_c when the focal factor makes g_c too costly to compute
+// twice. Correct in place (grad == z): each z_j is read before grad_j is written.
 template <typename T, typename Targets>
 void RowGradient(const RowSetup<T>& setup, const T* z, const Targets& targets,
                  typename Accumulator<T>::type upstream, T* grad,
                  std::vector<typename Accumulator<T>::type>* scratch) {
   using Acc = typename Accumulator<T>::type;
   const int64_t num_classes = setup.num_classes;
-  const LogSoftmax<Acc> log_softmax = RowLogSoftmax(z, num_classes);
+  const tfmo::RowLogSoftmax<Acc> ls = LogSoftmaxOfRow(z, num_classes);
   if (targets.OnlyLabelled()) {
-    // G = g_y, so d/dz_j = p_j g_y for j != y and (p_y - 1) g_y = -r_y g_y for y: written
-    // with r_y = -expm1(lp_y) it keeps its digits when p_y rounds to 1.
+    // G = g_y, and g_j = 0 for j != y: d/dz_j = p_j g_y there, and -r_y g_y at y.
     const int64_t y = targets.label;
-    const Acc lp_y = log_softmax(Load(z[y]));
-    const Acc g = targets.Weight(y) * Focal<Acc>(lp_y, setup.gamma).gradient;
+    const Acc lp_y = tfmo::log_prob(ls, Acc(Load(z[y])));  // read before grad (maybe z) is written
+    const Acc g = tfmo::gradient_term(lp_y, targets.Weight(y), setup.gamma);
     for (int64_t j = 0; j < num_classes; ++j) {
-      Store(upstream * (std::exp(log_softmax(Load(z[j]))) * g), &grad[j]);
+      Store(upstream * (tfmo::math::exp(tfmo::log_prob(ls, Acc(Load(z[j])))) * g), &grad[j]);
     }
-    Store(upstream * (std::expm1(lp_y) * g), &grad[y]);
+    Store(upstream * tfmo::only_class_gradient(lp_y, g), &grad[y]);
     return;
   }
-  if (setup.gamma == 0) {  // g_c = w_c
-    const Acc total = targets.WeightSum();
-    for (int64_t j = 0; j < num_classes; ++j) {
-      const Acc p = std::exp(log_softmax(Load(z[j])));
-      Store(upstream * (p * total - targets.Weight(j)), &grad[j]);
-    }
-    return;
-  }
-  scratch->resize(static_cast<size_t>(num_classes));
-  Acc* g = scratch->data();
+  // G, and g_c where it is not simply w_c (gamma > 0).
+  const bool focal = setup.gamma != 0;
   Acc total = 0;
-  for (int64_t c = 0; c < num_classes; ++c) {
-    const Acc w = targets.Weight(c);
-    g[c] = w == 0 ? Acc(0) : w * Focal<Acc>(log_softmax(Load(z[c])), setup.gamma).gradient;
-    total += g[c];
+  if (focal) {
+    scratch->resize(static_cast<size_t>(num_classes));
+    for (int64_t c = 0; c < num_classes; ++c) {
+      const Acc lp = tfmo::log_prob(ls, Acc(Load(z[c])));
+      (*scratch)[c] = tfmo::gradient_term(lp, targets.Weight(c), setup.gamma);
+      total += (*scratch)[c];
+    }
+  } else {
+    total = targets.WeightSum();
   }
   for (int64_t j = 0; j < num_classes; ++j) {
-    const Acc p = std::exp(log_softmax(Load(z[j])));
-    Store(upstream * (p * total - g[j]), &grad[j]);
+    const Acc g = focal ? (*scratch)[j] : targets.Weight(j);
+    const tfmo::GradientParts<Acc> t =
+        tfmo::gradient_parts_given(tfmo::log_prob(ls, Acc(Load(z[j]))), g);
+    Store(upstream * tfmo::gradient_value(t, total), &grad[j]);
   }
 }
 

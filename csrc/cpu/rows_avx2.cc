@@ -19,8 +19,8 @@
 #include <immintrin.h>
 
 #include "csrc/cpu/float_types.h"
-#include "csrc/cpu/row_loss.h"
 #include "csrc/cpu/rows_dispatch.h"
+#include "kernels/custom_loss_math.h"
 
 #if defined(__clang__)
 #pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)

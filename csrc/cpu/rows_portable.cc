@@ -16,8 +16,8 @@
 #endif
 
 #include "csrc/cpu/float_types.h"
-#include "csrc/cpu/row_loss.h"
 #include "csrc/cpu/rows_dispatch.h"
+#include "kernels/custom_loss_math.h"
 
 namespace tf_metal_ops {
 namespace portable {

@@ -151,7 +151,7 @@ void ComputeRowGroupsTyped(const RowsArgs& args, int64_t begin, int64_t end) {
       if (only_labelled) {
         VF term = lp_y;  // gamma = 0: r^0 lp
         if (gamma != 0.0f) {
-          for (int64_t i = 0; i < rows; ++i) term[i] = Focal<float>(lp_y[i], gamma).loss;
+          for (int64_t i = 0; i < rows; ++i) term[i] = tfmo::focal_loss_factor(lp_y[i], gamma);
         }
         loss = KeepIf(w_y != Splat(0.0f), Splat(0.0f) - w_y * term);
       } else {
@@ -178,7 +178,7 @@ void ComputeRowGroupsTyped(const RowsArgs& args, int64_t begin, int64_t end) {
       VF scale = w_y;  // g_y for gamma = 0
       if (gamma != 0.0f) {
         for (int64_t i = 0; i < rows; ++i) {
-          scale[i] = w_y[i] * Focal<float>(lp_y[i], gamma).gradient;
+          scale[i] = tfmo::gradient_term(lp_y[i], w_y[i], gamma);
         }
       }
       ScaleOp<float, StoredE> op{StoredE{e}, grad, sm.inv_sum, scale, upstream};

@@ -1,8 +1,9 @@
 // The vectorized CustomLoss / CustomLossGrad of a range of rows (float, half, bfloat16 logits).
 //
 // DELIBERATELY NO INCLUDE GUARD: compiled once per instruction set inside a namespace, after
-// simd_vector.h (see there and rows_dispatch.h). The formulas are those of row_loss.h, which
-// derives them; this file only arranges them into few passes over a row:
+// simd_vector.h (see there and rows_dispatch.h). The formulas are those of
+// kernels/custom_loss_math.h, which derives them; this file only arranges them into few passes
+// over a row:
 //
 //   pass 1  max_c z_c                                       reads the row (from memory)
 //   pass 2  e_c = exp(z_c - max), sums `others` and `ties`   reads the row again (from L1/L2)
@@ -22,17 +23,18 @@
 // twice: at 65536 x 1000 the whole step went from 1.8x to 1.1x the memory floor.
 //
 // p_c is e_c / (others + ties), which is exp(lp_c) with lp_c = (z_c - max) - log_sum as in
-// row_loss.h; reusing e_c saves the second exponential per element. The gradient is written
-// in place: pass 2 stores e_c straight into the gradient row (float32), which pass 3 turns into
-// d loss / d z, so nothing of size N x C is allocated besides the output. Half and bfloat16
-// rows keep e_c (and g_c) in a per-thread float buffer of C elements instead, so nothing is
-// rounded to 16 bits before the end; so do float rows whose gradient overwrites the logits
-// themselves (args.in_place), since later passes still read z_c.
+// custom_loss_math.h; reusing e_c saves the second exponential per element. The gradient is
+// written in place: pass 2 stores e_c straight into the gradient row (float32), which pass 3
+// turns into d loss / d z, so nothing of size N x C is allocated besides the output. Half and
+// bfloat16 rows keep e_c (and g_c) in a per-thread float buffer of C elements instead, so
+// nothing is rounded to 16 bits before the end; so do float rows whose gradient overwrites the
+// logits themselves (args.in_place), since later passes still read z_c.
 //
-// Where the vector formulas are not exact enough the scalar row_loss.h code takes over for
-// that element: r_c = 1 - p_c is exact to an ulp only for p_c <= 1/2, so lanes with p_c > 1/2
-// (at most one class per row, since the p_c sum to 1) are recomputed with r = -expm1(lp) and
-// the limits of Focal(); that keeps the confident-row exactness and the gamma < 1 limits.
+// Where the vector formulas are not exact enough the shared scalar math (custom_loss_math.h)
+// takes over for that element: r_c = 1 - p_c is exact to an ulp only for p_c <= 1/2, so lanes
+// with p_c > 1/2 (at most one class per row, since the p_c sum to 1) are recomputed with
+// r = -expm1(lp) and its limits; that keeps the confident-row exactness and the gamma < 1
+// limits. tests/cpu_math/shared_math_check.cc checks the vector terms against the scalar ones.
 // The labelled class's own terms in the sparse, unsmoothed case are scalar anyway.
 
 #ifndef TF_METAL_OPS_SIMD_LANES
@@ -187,7 +189,7 @@ TMO_SIMD_INLINE VF PowVector(VF r, float gamma) {
   }
 }
 
-// The softmax of one row, as row_loss.h's LogSoftmax plus the reciprocal of the sum.
+// The softmax of one row, as custom_loss_math.h's RowLogSoftmax plus the reciprocal of the sum.
 struct RowSoftmax {
   float max;
   float log_sum;  // log sum_c exp(z_c - max), via log1p(others + ties - 1)
@@ -210,9 +212,9 @@ TMO_SIMD_INLINE float RowMax(const T* z, int64_t num_classes) {
 }
 
 // Pass 2. Each logit equal to the maximum adds exactly 1 (counted in `ties`), the others'
-// share is summed apart so a confident row keeps its digits (row_loss.h). The tail's padding
-// lanes hold the maximum itself (exp(0): Exp's fast path) and are then masked out of e and of
-// the ties.
+// share is summed apart so a confident row keeps its digits (custom_loss_math.h). The tail's
+// padding lanes hold the maximum itself (exp(0): Exp's fast path) and are then masked out of e
+// and of the ties.
 //
 // This pass reads the row from the cache and spends its time on Exp, while pass 1 of the next
 // row waits for memory; so it also asks for the next row (`next_z`, into L2: a row of 32000
@@ -251,17 +253,20 @@ TMO_SIMD_INLINE RowSoftmax RowExpSum(const T* z, int64_t num_classes, float max,
   ForEachBlock(num_classes, op);
   const float others_sum = op.others.Total();
   const float ties_sum = ReduceAdd(__builtin_convertvector(op.ties, VF));
+  tfmo::LogSumExp<float> state;
+  state.max = max;
+  state.ties = ties_sum;
+  state.others = others_sum;
   RowSoftmax softmax;
   softmax.max = max;
-  // No logit reached the maximum: all are -inf (or NaN); log(0) = -inf makes every lp NaN.
-  softmax.log_sum =
-      ties_sum == 0 ? std::log(others_sum) : std::log1p(others_sum + (ties_sum - 1.0f));
+  // No logit reached the maximum (all -inf or NaN): log(0) = -inf makes every lp NaN. A +inf
+  // logit: NaN (custom_loss_math.h's lse_finish).
+  softmax.log_sum = tfmo::lse_finish(state).log_sum;
   softmax.inv_sum = 1.0f / (others_sum + ties_sum);
   if (max == std::numeric_limits<float>::infinity()) {
-    // A +inf logit: the softmax is inf / inf, undefined in floating point. The whole row is NaN,
-    // as in the reference (computed literally, the loss could come out inf beside a NaN
-    // gradient).
-    softmax.log_sum = softmax.inv_sum = std::numeric_limits<float>::quiet_NaN();
+    // The softmax is inf / inf, undefined in floating point. The whole row is NaN, as in the
+    // reference (computed literally, the loss could come out inf beside a NaN gradient).
+    softmax.inv_sum = std::numeric_limits<float>::quiet_NaN();
   }
   return softmax;
 }
@@ -345,7 +350,7 @@ struct LossOp {
       const VI fix = NeedsScalar(p);
       if (Any(fix)) {
         for (int i = 0; i < kLanes; ++i) {
-          if (fix[i]) term[i] = w[i] * Focal<float>(lp[i], gamma).loss;
+          if (fix[i]) term[i] = tfmo::loss_term(lp[i], w[i], gamma);
         }
       }
     }
@@ -438,7 +443,7 @@ struct FocalFactorOp {
     const VI fix = NeedsScalar(p);
     if (Any(fix)) {
       for (int i = 0; i < kLanes; ++i) {
-        if (fix[i]) factor[i] = Focal<float>(lp[i], gamma).gradient;
+        if (fix[i]) factor[i] = tfmo::focal_gradient_factor(lp[i], gamma);
       }
     }
     const VF gc = KeepIf(w != Splat(0.0f), w * factor);
@@ -498,15 +503,16 @@ struct RowKernel {
   }
 
   // Gradient of a sparse, unsmoothed row: only the label carries weight, G = g_y, and
-  // d/dz_j = p_j g_y (j != y), -r_y g_y (j = y). `e` gives e_c; stored, it may be `grad`.
+  // d/dz_j = p_j g_y (j != y), -r_y g_y (j = y, custom_loss_math.h's only_class_gradient).
+  // `e` gives e_c; stored, it may be `grad`.
   template <typename ESource>
   void GradientLabelled(const T* z, int64_t label, float w_y, const RowSoftmax& sm,
                         const ESource& e, float upstream, T* grad) const {
     const float lp_y = sm.LogP(Load(z[label]));  // read before the pass may overwrite z (in place)
-    const float g = w_y * Focal<float>(lp_y, args.gamma).gradient;
+    const float g = tfmo::gradient_term(lp_y, w_y, args.gamma);
     ScaleOp<T, ESource> op{e, grad, Splat(sm.inv_sum), Splat(g), Splat(upstream)};
     ForEachBlock(num_classes, op);
-    Store(upstream * (std::expm1(lp_y) * g), &grad[label]);
+    Store(upstream * tfmo::only_class_gradient(lp_y, g), &grad[label]);
   }
 
   // Gradient of a general row with gamma = 0: g_c = w_c, so d/dz_j = p_j W - w_j.
@@ -659,7 +665,7 @@ void ComputeRowsTyped(const RowsArgs& args, int64_t begin, int64_t end) {
       weights = SparseWeights{&args, label};
     }
 
-    float w_y = 0.0f;            // as row_loss.h's Weight of the labelled class
+    float w_y = 0.0f;            // w_c of the labelled class
     int64_t labelled_only = -1;  // the label of a sparse, unsmoothed row
     if constexpr (!kDense) {
       w_y = weights.ClassWeight(label) * (args.smoothing_share + args.target_share);
@@ -680,9 +686,7 @@ void ComputeRowsTyped(const RowsArgs& args, int64_t begin, int64_t end) {
                                 : RowExpSum<false>(z, num_classes, max, nullptr);
       float loss = 0.0f;
       if (only_labelled) {
-        loss = w_y == 0.0f
-                   ? 0.0f
-                   : 0.0f - w_y * Focal<float>(sm.LogP(Load(z[labelled_only])), args.gamma).loss;
+        loss = 0.0f - tfmo::loss_term(sm.LogP(Load(z[labelled_only])), w_y, args.gamma);
       } else {
         loss = kernel.Loss(z, weights, sm, general_focal ? e : nullptr);
       }

@@ -37,6 +37,7 @@ SYNC_EXAMPLES = HERE / "sync_examples.metal"
 KERNEL_INPUTS = [
     REPO / "kernels" / "custom_loss.metal",
     REPO / "kernels" / "custom_loss.h",
+    REPO / "kernels" / "custom_loss_math.h",
     REPO / "kernels" / "custom_loss_params.h",
     REPO / "csrc" / "launch_plan.h",
     REPO / "csrc" / "launch_plan.cc",
