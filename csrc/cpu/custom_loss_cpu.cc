@@ -147,10 +147,14 @@ void RowGradient(const RowSetup<T>& setup, const T* z, const Targets& targets,
     total = targets.WeightSum();
   }
   for (int64_t j = 0; j < num_classes; ++j) {
-    const Acc g = focal ? (*scratch)[j] : targets.Weight(j);
-    const tfmo::GradientParts<Acc> t =
-        tfmo::gradient_parts_given(tfmo::log_prob(ls, Acc(Load(z[j]))), g);
-    Store(upstream * tfmo::gradient_value(t, total), &grad[j]);
+    const Acc lp = tfmo::log_prob(ls, Acc(Load(z[j])));
+    if (!focal) {
+      Store(upstream * tfmo::cross_entropy_gradient(tfmo::math::exp(lp), total, targets.Weight(j)),
+            &grad[j]);
+      continue;
+    }
+    Store(upstream * tfmo::gradient_value(tfmo::gradient_parts_given(lp, (*scratch)[j]), total),
+          &grad[j]);
   }
 }
 
