@@ -89,7 +89,11 @@ template <typename Acc>
 inline FocalFactors<Acc> Focal(Acc lp, Acc gamma) {
   if (gamma == 0) return {lp, Acc(1)};
   const Acc p = std::exp(lp);
-  const Acc r = -std::expm1(lp);
+  // A NaN lp passes unchanged: negating it would flip its sign bit, and where this NaN meets the
+  // row's other (positive) NaNs in a product, which one survives depends on the order the
+  // compiler gives the operands, which may differ between two inlinings of the same formula
+  // (the early gradient and the gradient op then disagreed in their NaN rows under clang).
+  const Acc r = std::isnan(lp) ? lp : -std::expm1(lp);
   const Acc r_pow = std::pow(r, gamma);  // pow(0, gamma > 0) = 0
   Acc p_lp_over_r;
   if (p == 0) {
