@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the native library for x86-64 with clang 16 (setup.py's own sources and flags, clang as
 # CC/CXX/LDSHARED) and runs the op tests against it: the compiler of Apple's and many Linux
-# users' builds, next to CI's gcc. About 4 minutes on 2 cores.
+# users' builds, next to CI's gcc. About 5 minutes on 2 cores.
 #
 #   tests/cross/clang_x86.sh [extra pytest arguments, e.g. -x or -k name]
 #
@@ -21,7 +21,9 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 PYTHON=${PYTHON:-python3}
 CLANG=${CLANG:-clang++-16}
-CLANG_TESTS=${CLANG_TESTS:-"tests/test_custom_loss_op.py tests/test_early_gradient.py tests/test_row_stats.py tests/test_cpu_kernels.py tests/test_bad_input.py"}
+# The op tests, the Keras loss, the properties and robustness tests, the run-time settings and
+# the vector math check (which test_simd_math.py builds with $CXX: clang here too).
+CLANG_TESTS=${CLANG_TESTS:-"tests/test_custom_loss_op.py tests/test_early_gradient.py tests/test_row_stats.py tests/test_cpu_kernels.py tests/test_bad_input.py tests/test_keras_loss.py tests/test_properties.py tests/test_robustness.py tests/test_gradient_cache.py tests/test_runtime_settings.py tests/test_simd_math.py"}
 if [ -n "${CLANG_WORK:-}" ]; then
   WORK=$CLANG_WORK
   mkdir -p "$WORK"
@@ -69,7 +71,7 @@ EOF
 step "op tests against the clang build: $CLANG_TESTS"
 tests=()
 for t in $CLANG_TESTS; do tests+=("$ROOT/$t"); done
-"$PYTHON" -m pytest -p no:cacheprovider -q -ra "${tests[@]}" "$@" | tee "$WORK/pytest.log"
+CXX="$CLANG" "$PYTHON" -m pytest -p no:cacheprovider -q -ra "${tests[@]}" "$@" | tee "$WORK/pytest.log"
 result=$(grep -E "^=* ?[0-9]+ (passed|failed)" "$WORK/pytest.log" | tail -1 | sed 's/=//g; s/ in [0-9.]*s.*//; s/^ *//')
 step "done"
 echo "clang x86-64: ${result} (files: $CLANG_TESTS)"
