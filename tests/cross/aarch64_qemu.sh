@@ -6,8 +6,8 @@
 #   tests/cross/aarch64_qemu.sh [extra pytest arguments, e.g. -x or -k name]
 #
 # For Debian 12 x86-64, as root (CI): it installs what it needs with apt. Under emulation
-# TensorFlow imports in about 45 s; the whole script took 14.5 minutes on 2 otherwise idle cores
-# (about 13 CPU minutes; far longer when the cores are shared), so it runs these, per build:
+# TensorFlow imports in about 45 s; the whole script took 14.5 minutes on 2 cores (13 CPU
+# minutes; 37 minutes when other jobs kept the cores busy), so it runs these, per build:
 #   tests/cpu_math/simd_math_check.cc   NEON exp/log/log1p/expm1 within the ulps of
 #                                       tests/test_simd_math.py (every 256th float32)
 #   test_custom_loss_op.py, test_cpu_kernels.py, test_row_stats.py, test_early_gradient.py,
