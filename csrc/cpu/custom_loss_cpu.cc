@@ -15,6 +15,10 @@
 #include <memory>
 #include <vector>
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
 #include "csrc/cpu/float_types.h"
 #include "csrc/cpu/gradient_cache.h"
 #include "csrc/cpu/huge_pages.h"
@@ -446,6 +450,16 @@ const bool cpu_kernels_registered = (RegisterKernel(kForwardOpName, &CreateForwa
 }  // namespace
 
 namespace {
+#if defined(__x86_64__)
+// F16C (the half <-> float conversions) from CPUID leaf 1, ECX bit 29 (Intel SDM vol. 2A, CPUID):
+// clang 16 does not know "f16c" as a __builtin_cpu_supports feature. The AVX2 test beside it
+// covers the OS's saving of the YMM state that these instructions also need.
+bool CpuHasF16c() {
+  unsigned int eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+}
+#endif
+
 // Read once: the CPU does not change, and an environment override is for tests only.
 RowsKernel ChooseRowsKernel(const char** isa) {
   const char* forced = std::getenv("TF_METAL_OPS_CPU_ISA");
@@ -453,7 +467,7 @@ RowsKernel ChooseRowsKernel(const char** isa) {
 #if defined(__x86_64__)
   __builtin_cpu_init();
   if (!force_portable && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-      __builtin_cpu_supports("f16c")) {
+      CpuHasF16c()) {
     *isa = "avx2";
     return &avx2::ComputeRows;
   }

@@ -10,11 +10,18 @@
 
 namespace tf_metal_ops {
 
-#if defined(__FLT16_MAX__)
-using Half = _Float16;  // gcc >= 12 on x86-64 and clang on arm64 convert in hardware or libgcc
+// The type only stores the 16 bits; Load and Store convert. On arm64, __fp16 is the ACLE's
+// IEEE half storage type, which gcc and clang both accept in C++ and convert with the hardware's
+// fcvt (gcc 12 defines __FLT16_MAX__ there but accepts _Float16 in C only). On x86-64, _Float16
+// (gcc >= 12, clang >= 15), converted by F16C or by the compiler's runtime library.
+#if defined(__aarch64__)
+using Half = __fp16;
+#elif defined(__FLT16_MAX__)
+using Half = _Float16;
 #else
-#error "tf_metal_ops needs a compiler with _Float16 (gcc >= 12, clang >= 15)"
+#error "tf_metal_ops needs a compiler with _Float16 on x86-64 (gcc >= 12, clang >= 15)"
 #endif
+static_assert(sizeof(Half) == 2, "Half must be the 16-bit IEEE storage type");
 
 // bfloat16 is the top half of an IEEE float, so widening is a shift.
 struct BFloat16 {

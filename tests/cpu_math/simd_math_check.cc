@@ -20,7 +20,13 @@
 #include "csrc/cpu/float_types.h"
 
 #if defined(CHECK_AVX2)
+// The rest of the file, main included, for AVX2 + FMA + F16C (it runs only where they are).
+// clang ignores `#pragma GCC target`; it takes the attribute form rows_avx2.cc uses.
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
 #pragma GCC target("avx2,fma,f16c")
+#endif
 #define TF_METAL_OPS_SIMD_LANES 8
 #define TMO_SIMD_AVX2 1
 #else
@@ -139,3 +145,7 @@ int main(int argc, char** argv) {
   Specials("expm1", [](VF v) { return Expm1(v); }, expm1_cases, 6);
   return 0;
 }
+
+#if defined(CHECK_AVX2) && defined(__clang__)
+#pragma clang attribute pop
+#endif

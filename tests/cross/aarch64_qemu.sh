@@ -1,0 +1,220 @@
+#!/usr/bin/env bash
+# Builds the native library for Linux aarch64 twice (clang 16 and gcc 12, cross-compiled from
+# x86-64) and runs the tests of the NEON code path against each build under qemu-aarch64 user
+# emulation, with TensorFlow's own aarch64 wheel and an aarch64 CPython 3.11.
+#
+#   tests/cross/aarch64_qemu.sh [extra pytest arguments, e.g. -x or -k name]
+#
+# For Debian 12 x86-64, as root (CI): it installs what it needs with apt. Under emulation
+# TensorFlow imports in about 45 s; the whole script took 14.5 minutes on 2 cores (13 CPU
+# minutes; 37 minutes when other jobs kept the cores busy), so it runs these, per build:
+#   tests/cpu_math/simd_math_check.cc   NEON exp/log/log1p/expm1 within the ulps of
+#                                       tests/test_simd_math.py (every 256th float32)
+#   test_custom_loss_op.py, test_cpu_kernels.py, test_row_stats.py, test_bad_input.py, and of
+#   test_reduced_loss.py and test_vocabulary_scale.py the kernel tests (not their Keras fits)
+#                                       the op against the reference, bit-for-bit paths, errors,
+#                                       float32 error at C = 32000-262144
+# The two builds' test runs go side by side (one process each).
+#
+# Environment:
+#   PYTHON          a host Python with pip (default: python3); only pip runs in it
+#   AARCH64_WORK    where downloads, the aarch64 root file system and the builds go, kept between
+#                   runs as a cache (default: ~/.cache/tf_metal_ops_aarch64)
+#   AARCH64_TESTS   the test files (default above)
+#
+# How it fits together:
+#   - The aarch64 CPython is unpacked from Debian's arm64 .debs (`apt-get download` with a
+#     private apt state under $AARCH64_WORK, then `dpkg-deb -x`): installing python3:arm64 with
+#     apt would remove the host's python3.
+#   - TensorFlow and the test tools are installed by the host's pip for the aarch64 platform
+#     (`--platform manylinux_2_27_aarch64 --only-binary=:all:`, and the older manylinux levels) into one directory, put on
+#     PYTHONPATH. TensorFlow has no aarch64 tensorflow-cpu wheel; the `tensorflow` one is CPU-only
+#     there.
+#   - qemu is called explicitly (no binfmt_misc needed): bin/python3 under $AARCH64_WORK is a
+#     host script that starts the aarch64 python under qemu, with `-0` giving the guest that
+#     script as argv[0], so sys.executable is it too and tests that start a child Python work.
+#   - The library is built by setup.py itself, run by the emulated aarch64 Python (its sysconfig
+#     gives the extension suffix, TensorFlow is found where it will be loaded from) with the
+#     host's cross compilers as CC/CXX/LDSHARED: qemu-user runs a host binary natively when the
+#     guest starts one. The sources and flags are therefore exactly setup.py's.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+PYTHON=${PYTHON:-python3}
+WORK=${AARCH64_WORK:-${XDG_CACHE_HOME:-$HOME/.cache}/tf_metal_ops_aarch64}
+AARCH64_TESTS=${AARCH64_TESTS:-"tests/test_custom_loss_op.py tests/test_cpu_kernels.py tests/test_row_stats.py tests/test_bad_input.py tests/test_reduced_loss.py::test_scaled_gradient_is_the_gradient_ops_bit_for_bit tests/test_reduced_loss.py::test_float64_and_empty_batches_make_no_scaled_gradient tests/test_vocabulary_scale.py::test_custom_loss_error_does_not_grow_with_classes"}
+TENSORFLOW_REQUIREMENT="tensorflow==2.21.0"
+# The tools the tests import, beside TensorFlow (its own dependencies come with it).
+TEST_REQUIREMENTS=(pytest hypothesis pybind11 "setuptools>=77")
+# The aarch64 CPython 3.11 and the shared libraries it and TensorFlow's wheel load (Debian 12).
+ARM64_PACKAGES=(
+  libc6 libgcc-s1 libstdc++6 python3.11-minimal libpython3.11-minimal libpython3.11-stdlib
+  libpython3.11-dev libpython3.11 zlib1g libexpat1 libffi8 libssl3 libbz2-1.0 liblzma5
+  libsqlite3-0 libuuid1 libncursesw6 libtinfo6 libreadline8 libcrypt1 libdb5.3
+  libgdbm6 libnsl2 libtirpc3 libgssapi-krb5-2 libkrb5-3 libk5crypto3 libkrb5support0
+  libcom-err2 libkeyutils1 libzstd1
+)
+mkdir -p "$WORK"
+start=$(date +%s)
+step() { echo "=== [aarch64 $(( $(date +%s) - start ))s] $*"; }
+fail() { echo "aarch64_qemu.sh: $*" >&2; exit 1; }
+
+step "Debian packages: qemu-user-static, the aarch64 gcc 12 cross toolchain, clang 16"
+export DEBIAN_FRONTEND=noninteractive
+if ! command -v qemu-aarch64-static >/dev/null || ! command -v aarch64-linux-gnu-g++-12 >/dev/null ||
+   ! command -v clang++-16 >/dev/null; then
+  apt-get update -qq
+  apt-get install -y -qq qemu-user-static g++-12-aarch64-linux-gnu clang-16 >/dev/null
+fi
+QEMU=$(command -v qemu-aarch64-static)
+GCC_VERSION=$(aarch64-linux-gnu-g++-12 -dumpversion)
+[ "${GCC_VERSION%%.*}" -ge 12 ] || fail "aarch64-linux-gnu-g++-12 is version $GCC_VERSION"
+
+step "the aarch64 CPython 3.11 from Debian's arm64 packages"
+ROOTFS=$WORK/rootfs
+if [ ! -e "$ROOTFS/.complete" ]; then
+  APT_DIR=$WORK/apt
+  mkdir -p "$APT_DIR/lists/partial" "$APT_DIR/cache/archives/partial" "$APT_DIR/debs"
+  : > "$APT_DIR/status"
+  # A private apt state: the host's package lists and dpkg database stay as they are.
+  apt_arm64=(-o APT::Architecture=arm64 -o APT::Architectures::=arm64
+             -o Dir::State::Lists="$APT_DIR/lists" -o Dir::State::status="$APT_DIR/status"
+             -o Dir::Cache="$APT_DIR/cache" -o Debug::NoLocking=1 -o APT::Sandbox::User=root)
+  apt-get "${apt_arm64[@]}" update -qq
+  (cd "$APT_DIR/debs" && rm -f ./*.deb && apt-get "${apt_arm64[@]}" download "${ARM64_PACKAGES[@]/%/:arm64}")
+  rm -rf "$ROOTFS"
+  mkdir -p "$ROOTFS"
+  for deb in "$APT_DIR"/debs/*.deb; do dpkg-deb -x "$deb" "$ROOTFS"; done
+  touch "$ROOTFS/.complete"
+fi
+[ -x "$ROOTFS/usr/bin/python3.11" ] || fail "$ROOTFS/usr/bin/python3.11 is missing"
+
+# The emulated python as a host command (see the top of this file).
+mkdir -p "$WORK/bin"
+cat > "$WORK/bin/python3" <<EOF
+#!/bin/sh
+PYTHONHOME="$ROOTFS/usr" exec "$QEMU" -L "$ROOTFS" -0 "\$0" "$ROOTFS/usr/bin/python3.11" "\$@"
+EOF
+chmod +x "$WORK/bin/python3"
+EMULATED=$WORK/bin/python3
+"$EMULATED" -c "import platform, sys; assert platform.machine() == 'aarch64', platform.machine(); print('emulated', sys.version.split()[0], platform.machine())"
+
+step "$TENSORFLOW_REQUIREMENT and ${TEST_REQUIREMENTS[*]} for manylinux aarch64"
+SITE=$WORK/site-packages
+wanted="$TENSORFLOW_REQUIREMENT ${TEST_REQUIREMENTS[*]}"
+if [ ! -e "$SITE/.complete" ] || [ "$(cat "$SITE/.complete")" != "$wanted" ]; then
+  rm -rf "$SITE"
+  # Every manylinux level up to Debian 12's glibc 2.36 that TensorFlow's dependencies use
+  # (libclang's aarch64 wheel is manylinux2014).
+  "$PYTHON" -m pip install -q --target "$SITE" --only-binary=:all: --python-version 3.11 \
+    --implementation cp --platform manylinux_2_27_aarch64 --platform manylinux_2_28_aarch64 \
+    --platform manylinux_2_17_aarch64 --platform manylinux2014_aarch64 \
+    "$TENSORFLOW_REQUIREMENT" "${TEST_REQUIREMENTS[@]}"
+  echo "$wanted" > "$SITE/.complete"
+fi
+export PYTHONPATH="$SITE"
+export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}
+
+# One build per compiler: name, C compiler, C++ compiler (each a host cross compiler).
+BUILDS=(
+  "clang|clang-16 --target=aarch64-linux-gnu|clang++-16 --target=aarch64-linux-gnu"
+  "gcc|aarch64-linux-gnu-gcc-12|aarch64-linux-gnu-g++-12"
+)
+# The aarch64 Python headers: Debian's multiarch pyconfig.h includes
+# <aarch64-linux-gnu/python3.11/pyconfig.h>, which lies under $ROOTFS/usr/include.
+PYTHON_INCLUDES="-I$ROOTFS/usr/include/python3.11 -I$ROOTFS/usr/include"
+[ -e "$ROOTFS/usr/include/aarch64-linux-gnu/python3.11/pyconfig.h" ] ||
+  fail "the arm64 pyconfig.h is missing from $ROOTFS"
+
+for build in "${BUILDS[@]}"; do
+  IFS='|' read -r name cc cxx <<<"$build"
+  out=$WORK/build/$name
+  step "building the native library for aarch64 with $cxx (setup.py under the emulated Python)"
+  rm -rf "$out"
+  mkdir -p "$out"
+  (
+    cd "$ROOT"
+    CC="$cc" CXX="$cxx" LDSHARED="$cxx -shared" LDCXXSHARED="$cxx -shared" \
+      CFLAGS="$PYTHON_INCLUDES" CXXFLAGS="$PYTHON_INCLUDES" \
+      "$EMULATED" setup.py -q build_ext --force --build-lib "$out/lib" --build-temp "$out/obj"
+  )
+  library=$(ls "$out"/lib/tf_metal_ops/_tf_metal_ops*.so)
+  case "$library" in *aarch64-linux-gnu.so) ;; *) fail "$library is not named for aarch64" ;; esac
+  readelf -h "$library" | grep -q "Machine:.*AArch64" || fail "$library is not an AArch64 object"
+  compiler_tag=$([ "$name" = clang ] && echo "clang version 16" || echo "GCC: .*12\.")
+  readelf -p .comment "$library" | grep -q "$compiler_tag" || fail "$library was not built by $name"
+
+  # A package copy next to the library, as tests/sanitizer/build_and_run.sh does.
+  mkdir -p "$out/pkg"
+  cp -r "$ROOT/tf_metal_ops" "$out/pkg/"
+  find "$out/pkg" \( -name "_tf_metal_ops*.so" -o -name "*.dylib" -o -name "__pycache__" \) -prune -exec rm -rf {} +
+  cp "$library" "$out/pkg/tf_metal_ops/"
+
+  step "the vector math of the NEON build ($cxx): tests/cpu_math/simd_math_check.cc"
+  # The flags of tests/test_simd_math.py's baseline build.
+  $cxx -O2 -std=c++17 -Wall -Wno-psabi -ffp-contract=off "-I$ROOT" -o "$out/simd_math_check" \
+    "$ROOT/tests/cpu_math/simd_math_check.cc"
+  "$QEMU" -L "$ROOTFS" "$out/simd_math_check" 256 > "$out/simd_math.json"
+  "$PYTHON" - "$ROOT/tests/test_simd_math.py" "$out/simd_math.json" "$name" <<'EOF'
+import ast, json, sys
+# The bounds tests/test_simd_math.py asserts (its MAX_ULP), read from that file.
+tree = ast.parse(open(sys.argv[1]).read())
+bounds = next(ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
+              and any(getattr(t, "id", None) == "MAX_ULP" for t in node.targets))
+results = {}
+for line in open(sys.argv[2]):
+    record = json.loads(line)
+    results.setdefault(record["function"], {}).update(record)
+failed = [f"{f}: {results.get(f)}" for f in sorted(bounds)
+          if f not in results or results[f]["max_ulp"] > bounds[f] or results[f]["special_failures"]]
+print(sys.argv[3], "NEON math:", ", ".join(f"{f} {results[f]['max_ulp']:.2f} ulp" for f in sorted(bounds) if f in results))
+if failed:
+    sys.exit("simd math check failed: " + "; ".join(failed))
+EOF
+done
+
+for build in "${BUILDS[@]}"; do
+  IFS='|' read -r name cc cxx <<<"$build"
+  out=$WORK/build/$name
+  step "checking that the $name library is the one the emulated Python loads"
+  (cd "$out" && PYTHONPATH="$out/pkg:$SITE" "$EMULATED" - "$out/pkg" <<'EOF'
+import sys
+from pathlib import Path
+from tf_metal_ops import _native
+_native.load()
+loaded = Path(_native.library_path()).resolve()
+assert loaded.is_relative_to(Path(sys.argv[1]).resolve()), f"loaded {loaded}, not the aarch64 copy"
+print("loaded:", loaded)
+EOF
+  )
+done
+
+tests=()
+for t in $AARCH64_TESTS; do tests+=("$ROOT/$t"); done
+step "op tests under qemu-aarch64, both builds side by side: $AARCH64_TESTS"
+pids=()
+for build in "${BUILDS[@]}"; do
+  IFS='|' read -r name cc cxx <<<"$build"
+  out=$WORK/build/$name
+  # From the build directory, so the checkout's tf_metal_ops/ is not what gets imported.
+  (cd "$out" && PYTHONPATH="$out/pkg:$SITE" "$EMULATED" -m pytest -p no:cacheprovider -q -ra \
+     "${tests[@]}" "$@" > "$out/pytest.log" 2>&1; echo $? > "$out/pytest.rc") &
+  pids+=($!)
+done
+wait "${pids[@]}"
+summary=()
+status=0
+for build in "${BUILDS[@]}"; do
+  IFS='|' read -r name cc cxx <<<"$build"
+  out=$WORK/build/$name
+  echo "--- $name build, pytest (last lines of $out/pytest.log):"
+  tail -n 25 "$out/pytest.log"
+  rc=$(cat "$out/pytest.rc")
+  result=$(grep -E "^=* ?[0-9]+ (passed|failed)" "$out/pytest.log" | tail -1 | sed 's/=//g; s/ in [0-9.]*s.*//; s/^ *//')
+  [ "$rc" -eq 0 ] || status=1
+  summary+=("$name: ${result:-no result (pytest exit $rc)}, simd math check passed")
+done
+[ "$status" -eq 0 ] || fail "tests failed under emulation: ${summary[*]}"
+step "done"
+joined=$(printf '%s; ' "${summary[@]}")
+echo "aarch64 under qemu: ${joined%; } (files: $AARCH64_TESTS)"

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Builds the native library for x86-64 with clang 16 (setup.py's own sources and flags, clang as
+# CC/CXX/LDSHARED) and runs the op tests against it: the compiler of Apple's and many Linux
+# users' builds, next to CI's gcc. About 5 minutes on 2 cores.
+#
+#   tests/cross/clang_x86.sh [extra pytest arguments, e.g. -x or -k name]
+#
+# Environment:
+#   PYTHON       the Python with TensorFlow, pybind11, pytest, hypothesis and setuptools >= 77
+#                (default: python3)
+#   CLANG        the clang++ to build with (default: clang++-16)
+#   CLANG_WORK   where the build and the package copy go (default: a new temp dir, removed at
+#                exit; set it to keep them)
+#   CLANG_TESTS  the test files (default below)
+#
+# As tests/sanitizer/build_and_run.sh does, the tests see the clang library through a copy of
+# the package's Python files next to it, first on PYTHONPATH, with pytest run from outside the
+# checkout; the script checks that the library loaded is that one and was built by clang.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+PYTHON=${PYTHON:-python3}
+CLANG=${CLANG:-clang++-16}
+# The op tests, the Keras loss, the properties and robustness tests, the run-time settings and
+# the vector math check (which test_simd_math.py builds with $CXX: clang here too).
+CLANG_TESTS=${CLANG_TESTS:-"tests/test_custom_loss_op.py tests/test_reduced_loss.py tests/test_vocabulary_scale.py tests/test_row_stats.py tests/test_cpu_kernels.py tests/test_bad_input.py tests/test_keras_loss.py tests/test_properties.py tests/test_robustness.py tests/test_gradient_cache.py tests/test_runtime_settings.py tests/test_simd_math.py"}
+if [ -n "${CLANG_WORK:-}" ]; then
+  WORK=$CLANG_WORK
+  mkdir -p "$WORK"
+else
+  WORK=$(mktemp -d /tmp/tf_metal_ops_clang.XXXXXX)
+  trap 'rm -rf "$WORK"' EXIT
+fi
+start=$(date +%s)
+step() { echo "=== [clang x86-64 $(( $(date +%s) - start ))s] $*"; }
+command -v "$CLANG" >/dev/null || { echo "$CLANG not found: apt-get install clang-16" >&2; exit 2; }
+
+step "building the native library with $("$CLANG" --version | head -1)"
+(
+  cd "$ROOT"
+  # --force: objects of an earlier build in a reused CLANG_WORK may come from another compiler.
+  CC="$CLANG" CXX="$CLANG" LDSHARED="$CLANG -shared" LDCXXSHARED="$CLANG -shared" \
+    "$PYTHON" setup.py -q build_ext --force --build-lib "$WORK/lib" --build-temp "$WORK/obj"
+)
+LIBRARY=$(ls "$WORK"/lib/tf_metal_ops/_tf_metal_ops*.so)
+# Every object file of ours leaves clang's identification in .comment (gcc's comes from crt files).
+readelf -p .comment "$LIBRARY" | grep -q "clang version" || { echo "$LIBRARY was not built by clang" >&2; exit 2; }
+
+rm -rf "$WORK/pkg"
+mkdir -p "$WORK/pkg"
+cp -r "$ROOT/tf_metal_ops" "$WORK/pkg/"
+find "$WORK/pkg" \( -name "_tf_metal_ops*.so" -o -name "*.dylib" -o -name "__pycache__" \) -prune -exec rm -rf {} +
+cp "$LIBRARY" "$WORK/pkg/tf_metal_ops/"
+export PYTHONPATH="$WORK/pkg${PYTHONPATH:+:$PYTHONPATH}"
+export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}
+cd "$WORK"
+
+step "checking that the clang library is the one loaded"
+"$PYTHON" - "$WORK/pkg" <<'EOF'
+import sys
+from pathlib import Path
+
+from tf_metal_ops import _native
+
+_native.load()
+loaded = Path(_native.library_path()).resolve()
+assert loaded.is_relative_to(Path(sys.argv[1]).resolve()), f"loaded {loaded}, not the clang copy"
+print("clang library:", loaded)
+EOF
+
+step "op tests against the clang build: $CLANG_TESTS"
+tests=()
+for t in $CLANG_TESTS; do tests+=("$ROOT/$t"); done
+CXX="$CLANG" "$PYTHON" -m pytest -p no:cacheprovider -q -ra "${tests[@]}" "$@" | tee "$WORK/pytest.log"
+result=$(grep -E "^=* ?[0-9]+ (passed|failed)" "$WORK/pytest.log" | tail -1 | sed 's/=//g; s/ in [0-9.]*s.*//; s/^ *//')
+step "done"
+echo "clang x86-64: ${result} (files: $CLANG_TESTS)"
