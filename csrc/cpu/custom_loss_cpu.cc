@@ -9,15 +9,9 @@
 // cache between passes.
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <type_traits>
 #include <memory>
 #include <vector>
-
-#if defined(__x86_64__)
-#include <cpuid.h>
-#endif
 
 #include "csrc/cpu/float_types.h"
 #include "csrc/cpu/gradient_cache.h"
@@ -448,45 +442,4 @@ const bool cpu_kernels_registered = (RegisterKernel(kForwardOpName, &CreateForwa
                                      RegisterKernel(kGradientOpName, &CreateGradientKernel), true);
 
 }  // namespace
-
-namespace {
-#if defined(__x86_64__)
-// F16C (the half <-> float conversions) from CPUID leaf 1, ECX bit 29 (Intel SDM vol. 2A, CPUID):
-// clang 16 does not know "f16c" as a __builtin_cpu_supports feature. The AVX2 test beside it
-// covers the OS's saving of the YMM state that these instructions also need.
-bool CpuHasF16c() {
-  unsigned int eax = 0, ebx = 0, ecx = 0, edx = 0;
-  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
-}
-#endif
-
-// Read once: the CPU does not change, and an environment override is for tests only.
-RowsKernel ChooseRowsKernel(const char** isa) {
-  const char* forced = std::getenv("TF_METAL_OPS_CPU_ISA");
-  const bool force_portable = forced != nullptr && std::strcmp(forced, "portable") == 0;
-#if defined(__x86_64__)
-  __builtin_cpu_init();
-  if (!force_portable && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-      CpuHasF16c()) {
-    *isa = "avx2";
-    return &avx2::ComputeRows;
-  }
-#endif
-  (void)force_portable;
-  *isa = "portable";
-  return &portable::ComputeRows;
-}
-struct RowsKernelChoice {
-  const char* isa = nullptr;
-  RowsKernel kernel = ChooseRowsKernel(&isa);
-};
-const RowsKernelChoice& Choice() {
-  static const RowsKernelChoice choice;
-  return choice;
-}
-}  // namespace
-
-RowsKernel SelectRowsKernel() { return Choice().kernel; }
-const char* SelectedRowsIsa() { return Choice().isa; }
-
 }  // namespace tf_metal_ops

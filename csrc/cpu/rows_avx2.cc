@@ -34,9 +34,7 @@ namespace avx2 {
 
 #define TF_METAL_OPS_SIMD_LANES 8
 #define TMO_SIMD_AVX2 1  // AVX2, FMA and F16C intrinsics may be used
-#include "csrc/cpu/simd_vector.h"
-#include "csrc/cpu/simd_rows.h"
-#include "csrc/cpu/simd_row_groups.h"
+#include "csrc/cpu/simd_kernels.h"
 
 }  // namespace avx2
 }  // namespace tf_metal_ops

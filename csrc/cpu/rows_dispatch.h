@@ -1,11 +1,11 @@
 // The vectorized row kernels (float, half and bfloat16 logits) and the choice between their
 // instruction-set variants.
 //
-// The kernels are written once (simd_rows.h, and simd_row_groups.h for rows of few classes,
-// over the vectors of simd_vector.h) and compiled per instruction set:
+// The kernels are written once (simd_kernels.h) and compiled per instruction set:
 // rows_portable.cc for the baseline every CPU of the architecture has (SSE2 on x86-64, NEON on
-// arm64; 4 lanes) and rows_avx2.cc for x86-64 CPUs with AVX2, FMA and F16C (8 lanes). Which one runs is decided once per process from the CPU's feature bits, so a
-// wheel built on any machine runs on every x86-64 and arm64 machine; no -march flag is used.
+// arm64; 4 lanes) and rows_avx2.cc for x86-64 CPUs with AVX2, FMA and F16C (8 lanes). Which one
+// runs is decided once per process from the CPU's feature bits (rows_dispatch.cc), so a wheel
+// built on any machine runs on every x86-64 and arm64 machine; no -march flag is used.
 // Float64 logits take the scalar kernel in custom_loss_cpu.cc (kernels/custom_loss_math.h).
 #ifndef TF_METAL_OPS_CSRC_CPU_ROWS_DISPATCH_H_
 #define TF_METAL_OPS_CSRC_CPU_ROWS_DISPATCH_H_

@@ -23,9 +23,7 @@ namespace tf_metal_ops {
 namespace portable {
 
 #define TF_METAL_OPS_SIMD_LANES 4
-#include "csrc/cpu/simd_vector.h"
-#include "csrc/cpu/simd_rows.h"
-#include "csrc/cpu/simd_row_groups.h"
+#include "csrc/cpu/simd_kernels.h"
 
 }  // namespace portable
 }  // namespace tf_metal_ops

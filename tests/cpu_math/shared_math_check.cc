@@ -38,9 +38,7 @@
 #endif
 
 namespace tf_metal_ops {
-#include "csrc/cpu/simd_vector.h"
-#include "csrc/cpu/simd_rows.h"
-#include "csrc/cpu/simd_row_groups.h"
+#include "csrc/cpu/simd_kernels.h"
 }  // namespace tf_metal_ops
 
 namespace {

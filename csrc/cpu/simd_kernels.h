@@ -1,0 +1,10 @@
+// The vectorized row kernels of one instruction set, in the order each part needs the one before:
+// the vectors and their math (simd_vector.h), the passes over a row (simd_rows.h), and rows of few
+// classes computed kLanes at a time (simd_row_groups.h).
+//
+// DELIBERATELY NO INCLUDE GUARD: included once per instruction set, inside that set's own
+// namespace (rows_portable.cc, rows_avx2.cc, and tests/cpu_math/shared_math_check.cc), after
+// TF_METAL_OPS_SIMD_LANES is defined and the standard headers are included (see simd_vector.h).
+#include "csrc/cpu/simd_vector.h"
+#include "csrc/cpu/simd_rows.h"
+#include "csrc/cpu/simd_row_groups.h"
