@@ -208,11 +208,27 @@ def test_training_runs_no_gradient_op_where_the_forward_made_the_gradient():
     np.testing.assert_allclose(grad.numpy(), want[1].numpy(), rtol=1e-12, atol=1e-17)
 
 
+INTERMEDIATE_CLASS_COUNTS = [7, 45, 1003]  # row groups, one row at a time, long rows
+INTERMEDIATE_SETTINGS = [dict(), dict(gamma=2.0, label_smoothing=0.1), dict(gamma=0.5)]
+
+
 @pytest.mark.parametrize("dtype", [tf.float32, tf.float16, tf.bfloat16])
-@pytest.mark.parametrize("classes", [7, 45, 1003])  # row groups, one row at a time, long rows
-@pytest.mark.parametrize("settings", [dict(), dict(gamma=2.0, label_smoothing=0.1),
-                                      dict(gamma=0.5)])
+@pytest.mark.parametrize("classes", INTERMEDIATE_CLASS_COUNTS)
+@pytest.mark.parametrize("settings", INTERMEDIATE_SETTINGS)
 def test_scaled_gradient_over_intermediate_logits(dtype, classes, settings):
+    check_scaled_gradient_over_intermediate_logits(dtype, classes, settings)
+
+
+def test_scaled_gradient_over_intermediate_logits_on_the_baseline_instruction_set():
+    run_on_portable_isa("test_reduced_loss", """
+        for dtype in (tf.float32, tf.bfloat16):
+            for classes in t.INTERMEDIATE_CLASS_COUNTS:
+                for settings in t.INTERMEDIATE_SETTINGS:
+                    t.check_scaled_gradient_over_intermediate_logits(dtype, classes, settings)
+    """)
+
+
+def check_scaled_gradient_over_intermediate_logits(dtype, classes: int, settings: dict) -> None:
     """Logits made inside the step (a model's last layer) are read by the reduced loss alone,
     so its forward may write the scaled gradient over their buffer: it must be right in place.
     Checked through d loss / d W of z = h W against the same step on a copy of z that the
