@@ -106,8 +106,6 @@ def native_extension(
         "csrc/cpu/rows_avx2.cc",
         "csrc/cpu/thread_pool.cc",
         "csrc/cpu/memory_floor.cc",
-        "csrc/cpu/gradient_cache.cc",
-        "csrc/cpu/huge_pages.cc",
     ]
     define_macros = [("TF_METAL_OPS_BUILT_AGAINST_TF", f'"{tf_version}"')]
     # -ffp-contract=off: no multiply-add fused behind our back. The kernels spell each fused

@@ -8,7 +8,6 @@
 #include <stdexcept>
 #include <string>
 
-#include "csrc/cpu/gradient_cache.h"
 #include "csrc/cpu/memory_floor.h"
 #include "csrc/cpu/parallel_for.h"
 #include "csrc/cpu/rows_dispatch.h"
@@ -93,19 +92,6 @@ PYBIND11_MODULE(_tf_metal_ops, m) {
     }
     tmo::SetCpuThreadLimit(threads);
   });
-
-  // The CPU gradient cache (csrc/cpu/gradient_cache.h).
-  m.def("cpu_gradient_cache_info", [] {
-    const tmo::GradientCacheStats stats = tmo::GetGradientCacheStats();
-    py::dict info;
-    info["enabled"] = tmo::GradientCacheEnabled();
-    info["idle_buffers"] = stats.idle_buffers;
-    info["idle_bytes"] = stats.idle_bytes;
-    info["reuses"] = stats.reuses;
-    info["reservations"] = stats.reservations;
-    return info;
-  });
-  m.def("release_cpu_gradient_cache", [] { return tmo::ReleaseGradientCache(); });
 
   // ---- Benchmark support (python -m tf_metal_ops bench; the kernels are in csrc/cpu/) --------
   // Which vectorized variant the CPU kernels picked for this machine ("avx2" or "portable").

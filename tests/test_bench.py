@@ -33,7 +33,7 @@ def test_bench_quick_json_schema(quick_report):
     assert env["cpu_kernel_isa"] in ("avx2", "portable")
     assert env["cpu_threads"] >= 1
     assert env["tf_cpu_allocator"] in ("bfc", "default")
-    assert isinstance(env["huge_page_advice"], bool)
+    assert isinstance(env["tf_enable_onednn_opts"], str)
     assert quick_report["settings"]["quick"] is True
     case_names = [name for name, _ in bench.CASES]
     assert set(quick_report["settings"]["cases"]) == set(case_names)
@@ -66,8 +66,22 @@ def test_bench_quick_memory_report(quick_report):
         assert memory["extra_over_gradient"][case] == pytest.approx(
             memory["extra_bytes"][case] / memory["gradient_bytes"])
     assert isinstance(memory["method"], str) and memory["method"]
-    # The quick size's gradient is far below the cache's 32 MiB: nothing is kept.
-    assert memory["held_between_steps_bytes"] == {case: 0 for case in bench.MEMORY_CASES}
+
+
+def test_bench_quick_lm_head_memory_report(quick_report):
+    lm_head = quick_report["lm_head_memory"]
+    rows, hidden, cols = bench.QUICK_LM_HEAD_SIZE
+    assert (lm_head["rows"], lm_head["hidden"], lm_head["classes"]) == (rows, hidden, cols)
+    assert lm_head["steps"] == bench.LM_HEAD_STEPS
+    assert lm_head["logits_bytes"] == 4 * rows * cols
+    assert lm_head["errors"] == {}
+    assert set(lm_head["extra_bytes"]) == set(bench.LM_HEAD_CASES)
+    assert all(extra >= 0 for extra in lm_head["extra_bytes"].values())
+    assert "clear_refs" in lm_head["method"]
+    table = bench.format_table(quick_report)
+    assert "language model's head" in table
+    for case in bench.LM_HEAD_CASES:
+        assert case in table
 
 
 def test_bench_table_names_every_case(quick_report):
@@ -79,23 +93,17 @@ def test_bench_table_names_every_case(quick_report):
 
 
 def test_bench_table_says_when_memory_settings_differ(quick_report):
-    """Figures taken with TensorFlow's caching allocator, or without our huge-page advice or
-    gradient cache, are not comparable with the defaults, so the table's header says so (and
-    only then)."""
+    """Figures taken with TensorFlow's caching allocator, or with oneDNN set either way by
+    hand, are not comparable with the defaults, so the table's header says so (and only
+    then)."""
     env = quick_report["environment"]
-    defaults = dict(quick_report,
-                    environment=dict(env, tf_cpu_allocator="default", huge_page_advice=True,
-                                     gradient_cache=True))
+    defaults = dict(quick_report, environment=dict(env, tf_cpu_allocator="default",
+                                                   tf_enable_onednn_opts="unset"))
     assert "memory:" not in bench.format_table(defaults)
-    report = dict(quick_report,
-                  environment=dict(quick_report["environment"], tf_cpu_allocator="bfc"))
+    report = dict(quick_report, environment=dict(env, tf_cpu_allocator="bfc"))
     assert "TensorFlow's CPU allocator bfc" in bench.format_table(report)
-    report = dict(quick_report,
-                  environment=dict(quick_report["environment"], huge_page_advice=False))
-    assert "huge-page advice off" in bench.format_table(report)
-    report = dict(quick_report,
-                  environment=dict(quick_report["environment"], gradient_cache=False))
-    assert "gradient cache off" in bench.format_table(report)
+    report = dict(quick_report, environment=dict(env, tf_enable_onednn_opts="0"))
+    assert "TF_ENABLE_ONEDNN_OPTS=0" in bench.format_table(report)
 
 
 @pytest.mark.parametrize("argv", [["--sizes", "10by3"], ["--sizes", "0x5"], ["--repeats", "0"],

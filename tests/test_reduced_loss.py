@@ -192,16 +192,77 @@ def test_a_scale_after_the_reduction_multiplies_the_gradient():
 
 def test_training_runs_no_gradient_op_where_the_forward_made_the_gradient():
     labels, logits = _inputs()
-    # A gradient op only inside the fallback branch of the backward's run-time choice (for
-    # forwards that make no gradient: the Metal kernels for now, an empty batch).
-    assert _gradient_ops(CustomLoss(gamma=2.0), labels, logits) == (0, 1)
-    assert _gradient_ops(CustomLoss(), labels, logits, sample_weight=tf.ones([64])) == (0, 1)
+    # Where only CPU kernels can run the forward (no Metal kernel registered), no gradient op
+    # at all: the backward holds no logits for a fallback (which would keep them alive and
+    # stop the forward from writing the gradient over them). With Metal kernels, one inside
+    # the fallback branch of the backward's run-time choice.
+    expected = (0, 1) if tf_metal_ops.metal_available() and tf.config.list_physical_devices(
+        "GPU") else (0, 0)
+    assert _gradient_ops(CustomLoss(gamma=2.0), labels, logits) == expected
+    assert _gradient_ops(CustomLoss(), labels, logits, sample_weight=tf.ones([64])) == expected
     assert _gradient_ops(CustomLoss(reduction=None), labels, logits) == (1, 0)
     float64 = tf.cast(logits, tf.float64)
     value, grad = _value_and_gradient(CustomLoss(dtype="float64"), labels, float64)
     want = _value_and_gradient(TwoOpCustomLoss(dtype="float64"), labels, float64)
     np.testing.assert_allclose(value.numpy(), want[0].numpy(), rtol=1e-13)
     np.testing.assert_allclose(grad.numpy(), want[1].numpy(), rtol=1e-12, atol=1e-17)
+
+
+INTERMEDIATE_CLASS_COUNTS = [7, 45, 1003]  # row groups, one row at a time, long rows
+INTERMEDIATE_SETTINGS = [dict(), dict(gamma=2.0, label_smoothing=0.1), dict(gamma=0.5)]
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float16, tf.bfloat16])
+@pytest.mark.parametrize("classes", INTERMEDIATE_CLASS_COUNTS)
+@pytest.mark.parametrize("settings", INTERMEDIATE_SETTINGS)
+def test_scaled_gradient_over_intermediate_logits(dtype, classes, settings):
+    check_scaled_gradient_over_intermediate_logits(dtype, classes, settings)
+
+
+def test_scaled_gradient_over_intermediate_logits_on_the_baseline_instruction_set():
+    run_on_portable_isa("test_reduced_loss", """
+        for dtype in (tf.float32, tf.bfloat16):
+            for classes in t.INTERMEDIATE_CLASS_COUNTS:
+                for settings in t.INTERMEDIATE_SETTINGS:
+                    t.check_scaled_gradient_over_intermediate_logits(dtype, classes, settings)
+    """)
+
+
+def check_scaled_gradient_over_intermediate_logits(dtype, classes: int, settings: dict) -> None:
+    """Logits made inside the step (a model's last layer) are read by the reduced loss alone,
+    so its forward may write the scaled gradient over their buffer: it must be right in place.
+    Checked through d loss / d W of z = h W against the same step on a copy of z that the
+    caller keeps (which the forward cannot take over)."""
+    rng = np.random.default_rng(classes)
+    h = tf.cast(rng.standard_normal((37, 16)), dtype)
+    w = tf.cast(rng.standard_normal((16, classes)), dtype)
+    labels = tf.constant(rng.integers(0, classes, 37), tf.int32)
+    loss = CustomLoss(**settings)
+
+    @tf.function
+    def over_intermediate(w_t):
+        with tf.GradientTape() as tape:
+            tape.watch(w_t)
+            value = loss(labels, tf.matmul(h, w_t))
+        return value, tape.gradient(value, w_t)
+
+    @tf.function
+    def over_kept(z):
+        with tf.GradientTape() as tape:
+            tape.watch(z)
+            value = loss(labels, z)
+        return value, tape.gradient(value, z)
+
+    value, grad_w = over_intermediate(w)
+    z = tf.matmul(h, w)
+    kept_value, grad_z = over_kept(z)
+    assert tf.reduce_all(tf.math.is_finite(tf.cast(grad_w, tf.float32)))
+    np.testing.assert_array_equal(tf.cast(value, tf.float32).numpy(),
+                                  tf.cast(kept_value, tf.float32).numpy())
+    # The same gradient of z, in place or not, then the same matmul: the same bits.
+    np.testing.assert_array_equal(
+        tf.cast(grad_w, tf.float32).numpy(),
+        tf.cast(tf.matmul(h, grad_z, transpose_a=True), tf.float32).numpy())
 
 
 def test_empty_and_unknown_batches():

@@ -32,8 +32,6 @@ _LAZY_ATTRIBUTES = {
     "metal_available": "tf_metal_ops.runtime",
     "set_cpu_threads": "tf_metal_ops.runtime",
     "get_cpu_threads": "tf_metal_ops.runtime",
-    "cpu_gradient_cache_info": "tf_metal_ops.runtime",
-    "release_cpu_gradient_cache": "tf_metal_ops.runtime",
     "loss_path_info": "tf_metal_ops.loss_path",
     "build_info": "tf_metal_ops._native",
     "value_and_gradients": "tf_metal_ops.compare",

@@ -17,9 +17,7 @@ For each problem size (N rows x C classes, float32 logits, forward + backward un
                     per element), on the same threads as our kernels (csrc/cpu/memory_floor.h),
                     into a buffer allocated once
     tf_floor        the same traffic as TensorFlow ops (reduce_sum(z) and z * 0.5), which also
-                    allocate a fresh N x C output each step as every loss here does, except
-                    ours from 32 MiB on: they write into the buffer the step before set aside
-                    (csrc/cpu/gradient_cache.h; TF_METAL_OPS_CPU_GRADIENT_CACHE=0 turns it off)
+                    allocate a fresh N x C output each step as every loss here does
 
 Ours run as in training: CustomLoss's mean is a reduced loss, whose forward op also computes
 the gradient (csrc/problem.h); the backward only hands it on.
@@ -29,8 +27,11 @@ shared machine hits all of them alike) and reports medians and the ratios the pe
 issue asks for: anchor / ours (how many times faster we are) and ours / floor (how far from what
 the memory system allows). With `--memory` (on by default outside `--quick`) it also measures
 the peak extra memory of one forward + backward step, ours against Keras's focal loss, each in
-a fresh subprocess: peak resident memory during the step minus resident memory just before it,
-and what our gradient cache keeps between steps after it.
+a fresh subprocess: peak resident memory during the step minus resident memory just before it;
+and the same over 5 steps of a language model's head (`h @ W + b`, h [8192, 512], W [512, 32000],
+then the loss, forward + backward with respect to h, W and b), CustomLoss() against Keras's
+SparseCategoricalCrossentropy(from_logits=True): there the logits are made inside the step, so
+each loss may write its gradient over them.
 
 Usage:
     python -m tf_metal_ops bench [--quick] [--json] [--sizes 4096x1000,512x32000]
@@ -93,6 +94,10 @@ RATIOS = (
 )
 MEMORY_CASES = ("ours_focal", "keras_focal")
 XLA_SUFFIX = "_xla"  # a case compiled with XLA: the loss of the case without the suffix
+LM_HEAD_CASES = ("ours_ce", "keras_sparse_ce")
+LM_HEAD_STEPS = 5
+DEFAULT_LM_HEAD_SIZE = (8192, 512, 32000)  # rows, hidden width, classes
+QUICK_LM_HEAD_SIZE = (64, 16, 100)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -352,6 +357,7 @@ def time_size(rows: int, cols: int, repeats: int, progress: _Progress,
 # Peak extra memory of one step, in a subprocess per case
 
 _MEMORY_CHILD_FLAG = "--_memory-child"
+_LM_HEAD_CHILD_FLAG = "--_lm-head-memory-child"
 
 
 def _status_kib(field: str) -> Optional[int]:
@@ -405,11 +411,44 @@ def _memory_child(case: str, rows: int, cols: int) -> Dict[str, Any]:
         usage = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         peak = usage // 1024 if sys.platform == "darwin" else usage  # bytes on macOS
         before = 0
-    from tf_metal_ops import _native
+    return {"case": case, "extra_bytes": 1024 * (peak - before), "method": method}
 
-    held = int(_native.runtime().cpu_gradient_cache_info()["idle_bytes"])
-    return {"case": case, "extra_bytes": 1024 * (peak - before), "held_bytes": held,
-            "method": method}
+
+def _lm_head_memory_child(case: str, rows: int, hidden: int, cols: int) -> Dict[str, Any]:
+    """Runs in a fresh process: a traced warm-up step, then the peak over LM_HEAD_STEPS steps."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    import tf_metal_ops
+
+    rng = np.random.default_rng(0)
+    h = tf.constant(rng.standard_normal((rows, hidden), dtype=np.float32))
+    w = tf.Variable(rng.standard_normal((hidden, cols), dtype=np.float32) / hidden ** 0.5)
+    b = tf.Variable(tf.zeros([cols]))
+    labels = tf.constant(rng.integers(0, cols, rows).astype(np.int32))
+    loss_fn = (tf_metal_ops.CustomLoss() if case == "ours_ce"
+               else keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            tape.watch(h)
+            loss = loss_fn(labels, h @ w + b)
+        grads = tape.gradient(loss, [h, w, b])
+        # Only the loss leaves the step: the gradients' sizes are the same for both losses.
+        return loss + sum(tf.reduce_sum(g) for g in grads) * 0.0
+
+    step().numpy()
+    gc.collect()
+    if not _reset_peak_rss():
+        raise RuntimeError("the LM-head memory figure needs Linux's /proc/self/clear_refs")
+    before = _status_kib("VmRSS")
+    for _ in range(LM_HEAD_STEPS):
+        step().numpy()
+    peak = _status_kib("VmHWM")
+    return {"case": case, "extra_bytes": 1024 * (peak - before),
+            "method": f"VmHWM after clear_refs minus VmRSS before {LM_HEAD_STEPS} steps"}
 
 
 def measure_memory(rows: int, cols: int, progress: _Progress) -> Dict[str, Any]:
@@ -420,8 +459,6 @@ def measure_memory(rows: int, cols: int, progress: _Progress) -> Dict[str, Any]:
         "gradient_bytes": 4 * rows * cols,
         "extra_bytes": {},
         "extra_over_gradient": {},
-        # kept between steps by our gradient cache after the step (0 for Keras's loss)
-        "held_between_steps_bytes": {},
         "method": None,
         "errors": {},
     }
@@ -437,7 +474,27 @@ def measure_memory(rows: int, cols: int, progress: _Progress) -> Dict[str, Any]:
         child = json.loads(lines[-1])
         result["extra_bytes"][case] = child["extra_bytes"]
         result["extra_over_gradient"][case] = child["extra_bytes"] / result["gradient_bytes"]
-        result["held_between_steps_bytes"][case] = child["held_bytes"]
+        result["method"] = child["method"]
+    return result
+
+
+def measure_lm_head_memory(rows: int, hidden: int, cols: int,
+                           progress: _Progress) -> Dict[str, Any]:
+    """Peak extra memory of LM_HEAD_STEPS language-model-head steps, ours against Keras's."""
+    result: Dict[str, Any] = {"rows": rows, "hidden": hidden, "classes": cols,
+                              "steps": LM_HEAD_STEPS, "logits_bytes": 4 * rows * cols,
+                              "extra_bytes": {}, "method": None, "errors": {}}
+    for case in LM_HEAD_CASES:
+        command = [sys.executable, "-m", "tf_metal_ops.bench", _LM_HEAD_CHILD_FLAG, case,
+                   f"{rows}x{hidden}x{cols}"]
+        completed = subprocess.run(command, capture_output=True, text=True, check=False)
+        progress.step(f"LM-head memory {case}")
+        lines = [l for l in completed.stdout.splitlines() if l.startswith("{")]
+        if completed.returncode != 0 or not lines:
+            result["errors"][case] = (completed.stderr.strip().splitlines() or ["no output"])[-1]
+            continue
+        child = json.loads(lines[-1])
+        result["extra_bytes"][case] = child["extra_bytes"]
         result["method"] = child["method"]
     return result
 
@@ -465,12 +522,11 @@ def environment() -> Dict[str, Any]:
         "tf_intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
         "tf_inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads(),
         # Both change what a fresh N x C tensor costs, for every case: TensorFlow's caching CPU
-        # allocator reuses memory (no page faults), our huge-page advice makes faults cheaper.
+        # allocator reuses memory (no page faults), and so does oneDNN's, which TensorFlow turns
+        # on by itself on x86-64 CPUs with AVX-512 VNNI, BF16 or AMX.
         "tf_cpu_allocator": ("bfc" if os.environ.get("TF_CPU_ALLOCATOR_USE_BFC", "").lower()
                              in ("1", "true") else "default"),
-        "huge_page_advice": os.environ.get("TF_METAL_OPS_CPU_HUGE_PAGES") != "0",
-        # Ours only: large gradients reuse the previous step's buffer (csrc/cpu/gradient_cache.h).
-        "gradient_cache": bool(runtime.cpu_gradient_cache_info()["enabled"]),
+        "tf_enable_onednn_opts": os.environ.get("TF_ENABLE_ONEDNN_OPTS", "unset"),
     }
 
 
@@ -482,14 +538,9 @@ def format_table(report: Dict[str, Any]) -> str:
         f"{env['cpu_threads']} threads; float32, forward + backward under tf.function, "
         "medians of interleaved runs (ms)",
     ]
-    if (env.get("tf_cpu_allocator") == "bfc" or not env.get("huge_page_advice", True)
-            or not env.get("gradient_cache", True)):
-        def on(key: str) -> str:
-            return "on" if env.get(key, True) else "off"
-
+    if env.get("tf_cpu_allocator") == "bfc" or env.get("tf_enable_onednn_opts", "unset") != "unset":
         lines.append(f"  memory: TensorFlow's CPU allocator {env.get('tf_cpu_allocator')}, "
-                     f"huge-page advice {on('huge_page_advice')}, "
-                     f"gradient cache {on('gradient_cache')}")
+                     f"TF_ENABLE_ONEDNN_OPTS={env.get('tf_enable_onednn_opts')}")
     lines.append("")
     for name, description in CASES:
         lines.append(f"  {name:<15} {description}")
@@ -516,15 +567,28 @@ def format_table(report: Dict[str, Any]) -> str:
                      f"(the gradient alone is {memory['gradient_bytes'] / 2**20:.1f} MiB):")
         for case in MEMORY_CASES:
             if case in memory["extra_bytes"]:
-                held = memory.get("held_between_steps_bytes", {}).get(case, 0)
                 lines.append(f"  {case:<12} {memory['extra_bytes'][case] / 2**20:10.1f} MiB "
-                             f"= {memory['extra_over_gradient'][case]:.2f} x gradient" + (
-                                 f"; {held / 2**20:.1f} MiB kept for the next step "
-                                 "(gradient cache)" if held else ""))
+                             f"= {memory['extra_over_gradient'][case]:.2f} x gradient")
             else:
                 lines.append(f"  {case:<12} failed: {memory['errors'].get(case)}")
         if memory.get("method"):
             lines.append(f"  ({memory['method']})")
+    lm_head = report.get("lm_head_memory")
+    if lm_head:
+        lines.append("")
+        lines.append(f"peak extra memory of a language model's head, h @ W + b then the loss, "
+                     f"h [{lm_head['rows']}, {lm_head['hidden']}], W [{lm_head['hidden']}, "
+                     f"{lm_head['classes']}], {lm_head['steps']} steps (the logits alone are "
+                     f"{lm_head['logits_bytes'] / 2**20:.1f} MiB):")
+        for case in LM_HEAD_CASES:
+            if case in lm_head["extra_bytes"]:
+                extra = lm_head["extra_bytes"][case]
+                lines.append(f"  {case:<16} {extra / 2**20:10.1f} MiB "
+                             f"= {extra / lm_head['logits_bytes']:.2f} x logits")
+            else:
+                lines.append(f"  {case:<16} failed: {lm_head['errors'].get(case)}")
+        if lm_head.get("method"):
+            lines.append(f"  ({lm_head['method']})")
     return "\n".join(lines)
 
 
@@ -539,7 +603,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     plan = [(rows, cols, args.repeats or _repeats_for(rows, cols, args.quick))
             for rows, cols in sizes]
     total = sum(len(CASES) * (repeats + 1) for _, _, repeats in plan)
-    total += len(MEMORY_CASES) if do_memory else 0
+    total += len(MEMORY_CASES) + len(LM_HEAD_CASES) if do_memory else 0
     progress = _Progress(total, enabled=True)
     # Every case is a new tf.function by design; TensorFlow's "retracing" warning would be noise.
     import tensorflow as tf
@@ -563,6 +627,7 @@ def _run_plan(args: argparse.Namespace, plan, do_memory: bool, memory_size: Tupl
                      "cases": {name: description for name, description in CASES}},
         "sizes": [],
         "memory": None,
+        "lm_head_memory": None,
     }
     for rows, cols, repeats in plan:
         result = time_size(rows, cols, repeats, progress)
@@ -571,6 +636,8 @@ def _run_plan(args: argparse.Namespace, plan, do_memory: bool, memory_size: Tupl
             f"{name} {ms:.2f} ms" for name, ms in result["median_ms"].items()))
     if do_memory:
         report["memory"] = measure_memory(*memory_size, progress)
+        report["lm_head_memory"] = measure_lm_head_memory(
+            *(QUICK_LM_HEAD_SIZE if args.quick else DEFAULT_LM_HEAD_SIZE), progress)
     progress.close()
     return report
 
@@ -581,6 +648,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if argv[:1] == [_MEMORY_CHILD_FLAG]:
         rows, cols = _size(argv[2])
         print(json.dumps(_memory_child(argv[1], rows, cols)))
+        return 0
+    if argv[:1] == [_LM_HEAD_CHILD_FLAG]:
+        rows, hidden, cols = (int(part) for part in argv[2].split("x"))
+        print(json.dumps(_lm_head_memory_child(argv[1], rows, hidden, cols)))
         return 0
     parser = build_parser()
     try:

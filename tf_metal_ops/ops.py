@@ -344,9 +344,11 @@ def reduced_custom_loss(
     Liger-Kernel's rule for reduced losses: the scales are known before the loss (a mean's
     `1 / N`, sample weights, masks), so the forward op writes `row_scales * d loss / d logits`
     while each row's softmax is at hand, and the backward only multiplies it by the scalar
-    upstream gradient (not at all when that is exactly 1, as in Keras's `fit`). Where the
-    forward makes no gradient (float64 logits, the Metal kernels for now, an empty batch), the
-    backward runs the gradient op with the upstream `upstream * row_scales`.
+    upstream gradient (not at all when that is exactly 1, as in Keras's `fit`). The forward
+    writes the gradient over the logits' buffer when nothing else reads them, so a model's last
+    layer costs one N x C tensor, as with Keras's own losses. Where the forward may make no
+    gradient (float64 logits, the Metal kernels for now), the backward runs the gradient op with
+    the upstream `upstream * row_scales` when it did not.
 
     Args:
         labels, logits, gamma, label_smoothing, class_weights, ignore_class, name: as for
@@ -370,21 +372,43 @@ def reduced_custom_loss(
         return _reduced(p.logits, p.labels, p.class_weights, scales, p.attrs)
 
 
+def _forward_surely_makes_the_gradient(logits: tf.Tensor) -> bool:
+    """True where the forward op can only run on CPU kernels that write the scaled gradient:
+    not float64 (the scalar kernel writes none), and no Metal kernel that could take the op."""
+    if logits.dtype == tf.float64:
+        return False
+    return not (runtime.metal_available() and tf.config.list_physical_devices("GPU"))
+
+
 def _reduced(logits: tf.Tensor, labels: tf.Tensor, class_weights: tf.Tensor,
              scales: tf.Tensor, attrs: dict) -> tf.Tensor:
     sum_dtype = tf.float64 if logits.dtype == tf.float64 else tf.float32
+    surely_made = _forward_surely_makes_the_gradient(logits)
 
     @tf.custom_gradient
     def reduced(z):
         loss, row_stats, scaled = _forward(z, labels, class_weights, scales, attrs)
         total = tf.reduce_sum(tf.cast(loss, sum_dtype) * tf.cast(scales, sum_dtype))
 
-        def backward(upstream):
-            u = tf.cast(upstream, tf.float32)
+        def scaled_by(u):
+            return tf.cond(tf.equal(u, 1.0), lambda: scaled,
+                           lambda: scaled * tf.cast(u, scaled.dtype))
 
-            def from_forward():
-                return tf.cond(tf.equal(u, 1.0), lambda: scaled,
-                               lambda: scaled * tf.cast(u, scaled.dtype))
+        if surely_made:
+            # The backward holds nothing but the scaled gradient: were it to hold the logits
+            # too (for a fallback), they would outlive the forward op, which then could not
+            # write the gradient over their buffer, and a step would hold two N x C tensors
+            # where Keras's own loss holds one. An empty batch's gradient is [0]: the reshape
+            # gives it the logits' shape (and is free otherwise).
+            logits_shape = tf.shape(z)
+
+            def backward(upstream):
+                return tf.reshape(scaled_by(tf.cast(upstream, tf.float32)), logits_shape)
+
+            return tf.cast(total, z.dtype), backward
+
+        def backward_either_way(upstream):
+            u = tf.cast(upstream, tf.float32)
 
             def from_gradient_op():
                 return _native.op_module().tf_metal_ops_custom_loss_grad(
@@ -392,9 +416,9 @@ def _reduced(logits: tf.Tensor, labels: tf.Tensor, class_weights: tf.Tensor,
                     upstream=tf.cast(u * scales, z.dtype), row_stats=row_stats, **attrs)
 
             made = tf.logical_and(tf.equal(tf.size(scaled), tf.size(z)), tf.size(z) > 0)
-            return tf.cond(made, from_forward, from_gradient_op)
+            return tf.cond(made, lambda: scaled_by(u), from_gradient_op)
 
-        return tf.cast(total, z.dtype), backward
+        return tf.cast(total, z.dtype), backward_either_way
 
     return reduced(logits)
 

@@ -87,28 +87,3 @@ def follow_tensorflow_threads() -> None:
     a kernel no access to that pool, so this is read on the Python side)."""
     if not _explicit_cpu_threads:
         _native.runtime().set_cpu_threads(_tensorflow_intra_op_threads())
-
-
-def cpu_gradient_cache_info() -> dict:
-    """Returns the state of the CPU gradient cache.
-
-    A CPU gradient of 32 MiB or more that cannot take over its logits' buffer (as in Keras's
-    `fit` with metrics, which still reads the predictions after the gradient) is written, from
-    the second step on, into a buffer kept from the step before, instead of fresh memory that
-    the system must fault in and zero on every step. `TF_METAL_OPS_CPU_GRADIENT_CACHE=0` in the environment
-    turns this off.
-
-    Returns:
-        A dict: `enabled`, `idle_buffers` and `idle_bytes` (held between steps, at most two
-        buffers), `reuses` (gradients written into a kept buffer) and `reservations` (buffers
-        set aside).
-    """
-    return dict(_native.runtime().cpu_gradient_cache_info())
-
-
-def release_cpu_gradient_cache() -> int:
-    """Frees the buffers the CPU gradient cache holds between steps (see
-    `cpu_gradient_cache_info`), e.g. after training, and returns how many bytes were freed.
-    Buffers still in use by a live gradient tensor come back to the cache when it is dropped."""
-    return int(_native.runtime().release_cpu_gradient_cache())
-

@@ -14,8 +14,6 @@
 #include <vector>
 
 #include "csrc/cpu/float_types.h"
-#include "csrc/cpu/gradient_cache.h"
-#include "csrc/cpu/huge_pages.h"
 #include "csrc/cpu/parallel_for.h"
 #include "csrc/cpu/rows_dispatch.h"
 #include "csrc/problem.h"
@@ -287,51 +285,30 @@ RowsArgs MakeRowsArgs(const CustomLossProblem& problem, const CustomLossInputs& 
   return args;
 }
 
-// A fresh gradient (the logits' shape and dtype) as output `index`: a buffer an earlier step
-// set aside if there is one (gradient_cache.h), else new memory, advised into huge pages and
-// remembered for the next step. `forward_logits` (the gradient op) first lets TensorFlow hand
-// over the logits' own buffer: when nothing but this op still holds them (a model's last layer
-// in training: the forward op has run, the gradient op is their last reader), the step then
-// allocates nothing of size N x C: no memory, and no page faults on fresh memory, which on some
-// systems cost more than the kernel. Every row kernel is written to be correct in place (each
-// pass reads z_c before it writes grad_c; the vectorized rows then keep e_c in a scratch row).
+// The gradient (the logits' shape and dtype) as output `index`, over the logits' own buffer
+// when TensorFlow allows it: when nothing but this op still holds them (a model's last layer in
+// training, whose logits are read by the loss alone), the step allocates nothing of size N x C:
+// no memory, and no page faults on fresh memory. Every row kernel is written to be correct in
+// place (each pass reads z_c before it writes grad_c; the vectorized rows then keep e_c in a
+// scratch row). Otherwise TensorFlow's CPU allocator gives fresh memory, as for any op.
 Error AllocateGradient(TF_OpKernelContext* ctx, const CustomLossProblem& problem, int index,
-                       bool forward_logits, CustomLossInputs* inputs, TensorPtr* out,
-                       bool* in_place) {
-  const size_t bytes = static_cast<size_t>(TF_TensorByteSize(inputs->logits.get()));
-  const std::string what = OpDescription(problem.attrs) + ": allocating the gradient";
-  StatusPtr status = NewStatus();
-  *in_place = false;
-  // A step that could not take over the logits' buffer before set a buffer aside for this one.
-  TensorPtr cached = TakeCachedGradient(problem.attrs.logits_dtype, problem.logits_dims, bytes);
-  if (cached != nullptr) {
-    TF_SetOutput(ctx, index, cached.get(), status.get());
-    if (Error e = FromStatus(status.get(), what); !e.ok()) return e;
-    *out = std::move(cached);
-    return Error::Ok();
-  }
+                       CustomLossInputs* inputs, TensorPtr* out, bool* in_place) {
   const int dims = static_cast<int>(problem.logits_dims.size());
-  if (forward_logits) {
-    // Our own handle on the logits counts as a second owner and would forbid the forwarding.
-    inputs->logits.reset();
-    const int candidates[] = {kLogits};
-    int forwarded = -1;
-    out->reset(TF_ForwardInputOrAllocateOutput(ctx, candidates, 1, index,
-                                               problem.logits_dims.data(), dims, &forwarded,
-                                               status.get()));
-    *in_place = forwarded == kLogits;
-    if (Error e = FromStatus(status.get(), what); !e.ok()) return e;
-    if (Error e = GetInput(ctx, kLogits, &inputs->logits); !e.ok()) return e;
-  } else {
-    out->reset(TF_AllocateOutput(ctx, index, problem.attrs.logits_dtype,
-                                 problem.logits_dims.data(), dims, bytes, status.get()));
-    if (Error e = FromStatus(status.get(), what); !e.ok()) return e;
+  StatusPtr status = NewStatus();
+  // Our own handle on the logits counts as a second owner and would forbid the forwarding.
+  inputs->logits.reset();
+  const int candidates[] = {kLogits};
+  int forwarded = -1;
+  out->reset(TF_ForwardInputOrAllocateOutput(ctx, candidates, 1, index,
+                                             problem.logits_dims.data(), dims, &forwarded,
+                                             status.get()));
+  *in_place = forwarded == kLogits;
+  if (Error e = FromStatus(status.get(), OpDescription(problem.attrs) +
+                                             ": allocating the gradient");
+      !e.ok()) {
+    return e;
   }
-  if (!*in_place) {
-    AdviseHugePages(TF_TensorData(out->get()), bytes);
-    ReserveCachedGradient(bytes);  // for the next step: it will not take over its logits either
-  }
-  return Error::Ok();
+  return GetInput(ctx, kLogits, &inputs->logits);
 }
 
 // Float, half and bfloat16 logits: the vectorized rows of this CPU's instruction set, which
@@ -394,17 +371,18 @@ void Compute(void* kernel, TF_OpKernelContext* ctx) {
   TensorPtr gradient;  // the forward's scaled gradient
   bool in_place = false;
   if (!forward) {
-    if (Error e = AllocateGradient(ctx, problem, kOutput, /*forward_logits=*/true, &inputs, &out,
-                                   &in_place);
-        !e.ok()) {
+    if (Error e = AllocateGradient(ctx, problem, kOutput, &inputs, &out, &in_place); !e.ok()) {
       return FailKernel(ctx, e);
     }
   } else {
     if (Error e = AllocateOutput(ctx, problem, &out); !e.ok()) return FailKernel(ctx, e);
     if (scaled_gradient) {
-      bool unused = false;  // the forward's gradient never takes over the logits: it reads them
-      if (Error e = AllocateGradient(ctx, problem, kScaledGradientOutput,
-                                     /*forward_logits=*/false, &inputs, &gradient, &unused);
+      // The scaled gradient may take over the logits' buffer as the gradient op's output does
+      // (each row is read for its loss before its gradient is written over it): a model's last
+      // layer, whose logits nothing else reads, then costs one N x C tensor, as with
+      // TensorFlow's own fused op, which writes its backprop over the logits too.
+      if (Error e = AllocateGradient(ctx, problem, kScaledGradientOutput, &inputs, &gradient,
+                                     &in_place);
           !e.ok()) {
         return FailKernel(ctx, e);
       }

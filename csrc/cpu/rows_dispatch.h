@@ -35,7 +35,7 @@ struct RowsArgs {
   const void* labels = nullptr;    // [N] int32/int64, or [N, C] of `type`
   const void* upstream = nullptr;  // [N] of `type`, gradient only; null: `row_scales`
   void* out = nullptr;             // [N] loss, or [N, C] gradient, of `type`
-  bool in_place = false;           // the gradient is written over the logits (out == logits)
+  bool in_place = false;  // the gradient (out, or scaled_gradient) is written over the logits
   // Row statistics (problem.h): the forward writes them to `stats_out`; a gradient reads them
   // from `stats_in` when the forward's were given (null: it finds them itself).
   float* stats_out = nullptr;

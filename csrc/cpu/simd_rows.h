@@ -567,7 +567,7 @@ inline RowsArgs GradientAfterForward(const RowsArgs& args) {
   gradient.upstream = nullptr;
   gradient.stats_in = args.stats_out;
   gradient.stats_out = nullptr;
-  gradient.in_place = false;
+  gradient.in_place = args.in_place;  // the scaled gradient may be over the logits
   return gradient;
 }
 
@@ -618,7 +618,8 @@ void ComputeRowsTyped(const RowsArgs& args, int64_t begin, int64_t end) {
   bool need_e = false;
   bool need_g = false;
   if (scaled_gradient) {
-    need_e = !std::is_same_v<T, float>;
+    // Over the logits (args.in_place), e_c must not overwrite z_c, which the loss still reads.
+    need_e = !std::is_same_v<T, float> || args.in_place;
     need_g = general_focal;
   } else if (forward) {
     need_e = general_focal;
