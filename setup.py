@@ -98,6 +98,7 @@ def native_extension(
     sources = [
         "csrc/ops.cc",
         "csrc/problem.cc",
+        "csrc/pending_errors.cc",
         "csrc/runtime.cc",
         "csrc/python_module.cc",
         "csrc/cpu/custom_loss_cpu.cc",

@@ -7,11 +7,14 @@
 
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "csrc/cpu/gradient_cache.h"
 #include "csrc/cpu/memory_floor.h"
 #include "csrc/cpu/parallel_for.h"
 #include "csrc/cpu/rows_dispatch.h"
+#include "csrc/pending_errors.h"
+#include "csrc/problem.h"
 #include "csrc/runtime.h"
 
 #ifndef TF_METAL_OPS_BUILT_AGAINST_TF
@@ -70,6 +73,48 @@ PYBIND11_MODULE(_tf_metal_ops, m) {
     return out;
   });
   m.def("clear_kernel_timings", &tmo::ClearKernelTimings);
+
+  // GPU errors found after their op returned (csrc/pending_errors.h); tf_metal_ops.debug raises
+  // them as TensorFlow errors.
+  m.def("has_pending_error", &tmo::HasPendingError);
+  m.def("take_pending_error", []() -> py::object {
+    const tmo::Error error = tmo::TakePendingError();
+    if (error.ok()) return py::none();
+    return py::make_tuple(static_cast<int>(error.code), error.message);
+  });
+  // What the Metal completion handler does with a finished kernel's error record, callable with
+  // a record from anywhere (the Linux emulator's, in the tests): `record` is the record's bytes
+  // and the rest describes the op the kernel ran for. Returns whether the record held an error.
+  m.def(
+      "report_completed_error_record",
+      [](py::bytes record, const std::string& node_name, const std::string& direction,
+         std::vector<int64_t> row_dims, int64_t num_classes, py::object ignore_class) {
+        tmo::CustomLossProblem problem;
+        if (direction == "forward") {
+          problem.attrs.direction = tmo::Direction::kForward;
+        } else if (direction == "gradient") {
+          problem.attrs.direction = tmo::Direction::kGradient;
+        } else {
+          throw std::invalid_argument("direction must be 'forward' or 'gradient', got '" +
+                                      direction + "'");
+        }
+        if (num_classes < 1) {
+          throw std::invalid_argument("num_classes must be >= 1, got " +
+                                      std::to_string(num_classes));
+        }
+        problem.attrs.node_name = node_name;
+        problem.attrs.has_ignore_class = !ignore_class.is_none();
+        if (problem.attrs.has_ignore_class) problem.attrs.ignore_class = ignore_class.cast<int64_t>();
+        problem.num_classes = num_classes;
+        problem.row_dims = std::move(row_dims);
+        problem.num_rows = 1;
+        for (int64_t d : problem.row_dims) problem.num_rows *= d;
+        const std::string bytes = record;  // a copy: the GIL is released below
+        py::gil_scoped_release release;
+        return tmo::ReportCompletedErrorRecord(problem, bytes.data(), bytes.size());
+      },
+      py::arg("record"), py::arg("node_name"), py::arg("direction"), py::arg("row_dims"),
+      py::arg("num_classes"), py::arg("ignore_class") = py::none());
 
   m.def("get_cpu_threads", &tmo::CpuThreadLimit);
   m.def("set_cpu_threads", [](int threads) {

@@ -24,6 +24,7 @@
 #include "csrc/metal/custom_loss_metal.h"
 #include "csrc/metal/kernel_library.h"
 #include "csrc/metal/metal_stream.h"
+#include "csrc/pending_errors.h"
 #include "csrc/problem.h"
 #include "csrc/runtime.h"
 #include "csrc/tf_c.h"
@@ -66,7 +67,8 @@ id<MTLBuffer> BufferOf(TF_Tensor* tensor) {
 struct EncodeOutcome {
   Error error;
   id<MTLBuffer> error_record;  // the buffer the kernel wrote its CustomLossErrorRecord to
-  bool record_is_ours = false;  // true: a fresh buffer for this call, readable after the wait
+  bool record_is_ours = false;  // true: a fresh buffer for this call, read after the wait (or by
+                                // the completion handler in commit mode)
   double gpu_seconds = -1.0;    // GPUEndTime - GPUStartTime, commit-and-wait mode only
 };
 
@@ -140,9 +142,9 @@ id<MTLBuffer> BufferForRole(gpu::BufferRole role, const TensorBuffers& tensors,
 // Every step that can fail comes before the compute encoder is created, so no failure leaves an
 // encoder open on the plugin's command buffer: Metal refuses to commit a command buffer whose
 // encoder was never ended, which would break the plugin's next commit, not just this op.
-void EncodeOnQueue(id<TF_MetalStream> stream, const gpu::LaunchDesc& desc,
-                   const TensorBuffers& tensors, bool wait, const std::string& context,
-                   EncodeOutcome* outcome) {
+void EncodeOnQueue(id<TF_MetalStream> stream, const CustomLossProblem& problem,
+                   const gpu::LaunchDesc& desc, const TensorBuffers& tensors, bool wait,
+                   const std::string& context, EncodeOutcome* outcome) {
   if (wait) {
     // Commit (and wait for) whatever earlier ops batched into the current command buffer, so the
     // one we encode into holds our kernel alone: its status, error and GPU time are then ours.
@@ -177,10 +179,12 @@ void EncodeOnQueue(id<TF_MetalStream> stream, const gpu::LaunchDesc& desc,
   }
   if (!plan.dispatch) return;  // nothing to run (N == 0 is handled before; kept for safety)
 
-  // Only sparse labels can be out of range, and only commit-and-wait mode can read the record.
-  if (wait && desc.label_kind != gpu::LabelKind::kDense) {
-    // A fresh record per call: read back after the wait, so it must not be shared with launches
-    // still running. newBufferWithLength: zero-fills; Init sets the "no row" sentinel.
+  // Only sparse labels can be out of range: dense ones have no record to read.
+  if (desc.label_kind != gpu::LabelKind::kDense) {
+    // A fresh record per call, read after the wait (commit-and-wait) or by the completion handler
+    // below (commit), so it must not be shared with launches still running. 32 bytes of shared
+    // storage: the CPU reads what the GPU wrote without a copy. newBufferWithLength: zero-fills;
+    // Init sets the "no row" sentinel.
     outcome->error_record = [device newBufferWithLength:sizeof(CustomLossErrorRecord)
                                                 options:MTLResourceStorageModeShared];
     if (outcome->error_record == nil) {
@@ -190,8 +194,8 @@ void EncodeOnQueue(id<TF_MetalStream> stream, const gpu::LaunchDesc& desc,
     InitCustomLossErrorRecord(static_cast<CustomLossErrorRecord*>([outcome->error_record contents]));
     outcome->record_is_ours = true;
   } else {
-    // Nobody reads this record (in commit mode, the wait needed to read it is what the mode
-    // avoids): the kernels write into a shared sink instead of a per-call allocation.
+    // Dense labels: nobody reads this record, so the kernels write into a shared sink instead of
+    // a per-call allocation.
     outcome->error_record = metal::GetDiscardedErrorRecord(device, &error);
     if (outcome->error_record == nil) {
       outcome->error = Error{error.code, context + ": " + error.message};
@@ -238,6 +242,20 @@ void EncodeOnQueue(id<TF_MetalStream> stream, const gpu::LaunchDesc& desc,
   [encoder endEncoding];
 
   if (!wait) {
+    if (outcome->record_is_ours) {
+      // Reads the record once the GPU is done with it, and leaves any error for the next op or
+      // check_errors() (csrc/pending_errors.h). Added before [stream commit], which may commit
+      // this very command buffer; Metal allows handlers only until then. The block keeps the
+      // record buffer and a copy of the problem (for the message) alive until Metal releases it
+      // after running it, which frees the buffer. A command buffer that failed reports through
+      // the plugin; its record may be incomplete, so it is not read.
+      id<MTLBuffer> record = outcome->error_record;
+      auto report_for = std::make_shared<const CustomLossProblem>(problem);
+      [command_buffer addCompletedHandler:^(id<MTLCommandBuffer> done) {
+        if ([done status] != MTLCommandBufferStatusCompleted) return;
+        ReportCompletedErrorRecord(*report_for, [record contents], sizeof(CustomLossErrorRecord));
+      }];
+    }
     [stream commit];
     return;
   }
@@ -362,6 +380,7 @@ void ComputeOnGpu(const CustomLossAttrs& attrs, TF_OpKernelContext* ctx) {
   EncodeOutcome outcome;
   // The block captures pointers to these locals: dispatch_sync returns only after the block ran,
   // so they outlive it, and nothing is copied.
+  const CustomLossProblem* problem_ptr = &problem;
   const gpu::LaunchDesc* desc_ptr = &desc;
   const TensorBuffers* tensors_ptr = &tensors;
   const std::string* context_ptr = &context;
@@ -370,7 +389,8 @@ void ComputeOnGpu(const CustomLossAttrs& attrs, TF_OpKernelContext* ctx) {
     // dispatch_sync usually runs the block on the calling TensorFlow thread, which has no
     // autorelease pool of its own: drain what the Metal calls autorelease right here.
     @autoreleasepool {
-      EncodeOnQueue(stream, *desc_ptr, *tensors_ptr, wait, *context_ptr, outcome_ptr);
+      EncodeOnQueue(stream, *problem_ptr, *desc_ptr, *tensors_ptr, wait, *context_ptr,
+                    outcome_ptr);
     }
   });
   if (!outcome.error.ok()) return FailKernel(ctx, outcome.error);

@@ -25,7 +25,8 @@ id<MTLComputePipelineState> GetComputePipeline(id<MTLDevice> device, const std::
                                                Error* error);
 
 // A CustomLossErrorRecord-sized buffer in shared storage for launches whose error record nobody
-// reads (commit mode): the kernels must be given somewhere to write. One per device, shared by all
+// reads (dense labels, which cannot be out of range): the kernels must be given somewhere to
+// write. One per device, shared by all
 // launches: hazard tracking is off for it, so it adds no dependency between unrelated command
 // buffers, and its contents are never looked at.
 id<MTLBuffer> GetDiscardedErrorRecord(id<MTLDevice> device, Error* error);
