@@ -19,7 +19,7 @@ Error& Pending() {
   static auto* pending = new Error();  // never destroyed: handlers may run during exit
   return *pending;
 }
-uint64_t dropped = 0;  // errors refused since the pending one was recorded; under pending_mutex
+int64_t dropped = 0;  // errors refused since the pending one was recorded; under pending_mutex
 
 constexpr char kDeferredNote[] =
     " (found by the GPU after the op had returned, so reported at the next CustomLoss op or "

@@ -48,7 +48,8 @@ def make_record(claimed_row: Optional[int] = None, label: int = 0, *, count: int
 def report(record: bytes, node: str = "model/loss/CustomLoss", direction: str = "forward",
            row_dims=(8,), num_classes: int = 5, ignore_class: Optional[int] = None) -> bool:
     return _native.runtime().report_completed_error_record(
-        record, node, direction, list(row_dims), num_classes, ignore_class)
+        record, node, direction, list(row_dims), num_classes, ignore_class is not None,
+        0 if ignore_class is None else ignore_class)
 
 
 def run_cpu_op(num_rows: int = 4, num_classes: int = 3) -> np.ndarray:
@@ -236,3 +237,75 @@ def test_emulated_clean_batch_leaves_nothing_pending(emu):
                   ignore_class=-1) is False
     assert not debug.has_pending_error()
     run_cpu_op()
+
+
+# ---- The slab of error records (csrc/error_record_slots.h) -----------------------------------
+
+class HostSlab:
+    """The slab hooks of the native module (one slab in host memory, csrc/python_module.cc)."""
+
+    def __init__(self, capacity: int = 256):
+        self._rt = _native.runtime()
+        self._rt.host_slab_reset(capacity)
+        self.capacity = self._rt.host_slab_capacity()
+
+    def __getattr__(self, name):
+        return getattr(self._rt, f"host_slab_{name}")
+
+
+def test_slab_slots_are_initialized_reused_and_never_shared():
+    slab = HostSlab(3)
+    assert slab.capacity == 3 and slab.in_use() == 0
+    slots = [slab.acquire() for _ in range(3)]
+    assert sorted(slots) == [0, 1, 2] and slab.in_use() == 3
+    assert slab.acquire() == -1  # full: the Metal path then allocates a buffer of its own
+    for slot in slots:
+        assert slab.read(slot) == make_record()  # initialized: no error, no row
+    slab.write(slots[1], make_record(4, 77))  # what the kernel would write
+    # Release copies the record out before the slot is free again.
+    assert slab.release(slots[1]) == make_record(4, 77)
+    assert slab.in_use() == 2
+    again = slab.acquire()
+    assert again == slots[1] and slab.read(again) == make_record()  # re-initialized
+    # A slot released twice, or never taken, is left alone (so no slot is handed out twice).
+    assert slab.release(slots[0]) == make_record()
+    assert slab.release(slots[0]) == make_record() and slab.in_use() == 2
+    assert slab.acquire() == slots[0] and slab.acquire() == -1
+    assert slab.release(7) == make_record() and slab.in_use() == 3
+    with pytest.raises(ValueError, match=r"slot must be in \[0, 3\), got 3"):
+        slab.read(3)
+
+
+def test_slab_released_record_feeds_the_pending_error():
+    slab = HostSlab()
+    assert slab.capacity == 256
+    slot = slab.acquire()
+    slab.write(slot, make_record(2, 9))
+    assert report(slab.release(slot), node="slab/CustomLoss") is True
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"node 'slab/CustomLoss'.*labels\[2\] = 9"):
+        debug.check_errors()
+
+
+def test_slab_concurrent_acquire_and_release():
+    slab = HostSlab(8)
+    failures = []
+
+    def worker():
+        for _ in range(500):
+            slot = slab.acquire()
+            if slot < 0:
+                continue
+            if slab.read(slot) != make_record():
+                failures.append(f"slot {slot} handed out without being initialized")
+            slab.write(slot, make_record(slot, slot))
+            if slab.release(slot) != make_record(slot, slot):
+                failures.append(f"slot {slot} written by two holders")
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures, failures[:3]
+    assert slab.in_use() == 0

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "csrc/error_record_slots.h"
 #include "csrc/launch_plan.h"
 #include "csrc/metal/custom_loss_metal.h"
 #include "csrc/metal/kernel_library.h"
@@ -67,7 +68,10 @@ id<MTLBuffer> BufferOf(TF_Tensor* tensor) {
 struct EncodeOutcome {
   Error error;
   id<MTLBuffer> error_record;  // the buffer the kernel wrote its CustomLossErrorRecord to
-  bool record_is_ours = false;  // true: a fresh buffer for this call, read after the wait (or by
+  NSUInteger record_offset = 0;  // where in it (a slot of the slab, commit mode)
+  ErrorRecordSlots* slots = nullptr;  // the slab's slots, when the record is one of them
+  int slot = -1;
+  bool record_is_ours = false;  // true: a record for this call alone, read after the wait (or by
                                 // the completion handler in commit mode)
   double gpu_seconds = -1.0;    // GPUEndTime - GPUStartTime, commit-and-wait mode only
 };
@@ -181,17 +185,37 @@ void EncodeOnQueue(id<TF_MetalStream> stream, const CustomLossProblem& problem,
 
   // Only sparse labels can be out of range: dense ones have no record to read.
   if (desc.label_kind != gpu::LabelKind::kDense) {
-    // A fresh record per call, read after the wait (commit-and-wait) or by the completion handler
-    // below (commit), so it must not be shared with launches still running. 32 bytes of shared
-    // storage: the CPU reads what the GPU wrote without a copy. newBufferWithLength: zero-fills;
-    // Init sets the "no row" sentinel.
-    outcome->error_record = [device newBufferWithLength:sizeof(CustomLossErrorRecord)
-                                                options:MTLResourceStorageModeShared];
-    if (outcome->error_record == nil) {
-      outcome->error = Error::Internal(context + ": allocating the error-record buffer failed");
-      return;
+    // A record for this call alone, read after the wait (commit-and-wait) or by the completion
+    // handler below (commit), so it must not be shared with launches still running. Shared
+    // storage: the CPU reads what the GPU wrote without a copy. Commit mode takes a slot of the
+    // device's slab (error_record_slots.h: no allocation per op); commit-and-wait mode, and
+    // commit mode when every slot is in use, a fresh 32-byte buffer (newBufferWithLength:
+    // zero-fills; Init sets the "no row" sentinel).
+    if (!wait) {
+      ErrorRecordSlots* slots = nullptr;
+      id<MTLBuffer> slab = metal::GetErrorRecordSlab(device, &slots, &error);
+      if (slab == nil) {
+        outcome->error = Error{error.code, context + ": " + error.message};
+        return;
+      }
+      const int slot = slots->Acquire(static_cast<CustomLossErrorRecord*>([slab contents]));
+      if (slot >= 0) {
+        outcome->error_record = slab;
+        outcome->record_offset = static_cast<NSUInteger>(slot) * sizeof(CustomLossErrorRecord);
+        outcome->slots = slots;
+        outcome->slot = slot;
+      }
     }
-    InitCustomLossErrorRecord(static_cast<CustomLossErrorRecord*>([outcome->error_record contents]));
+    if (outcome->error_record == nil) {
+      outcome->error_record = [device newBufferWithLength:sizeof(CustomLossErrorRecord)
+                                                  options:MTLResourceStorageModeShared];
+      if (outcome->error_record == nil) {
+        outcome->error = Error::Internal(context + ": allocating the error-record buffer failed");
+        return;
+      }
+      InitCustomLossErrorRecord(
+          static_cast<CustomLossErrorRecord*>([outcome->error_record contents]));
+    }
     outcome->record_is_ours = true;
   } else {
     // Dense labels: nobody reads this record, so the kernels write into a shared sink instead of
@@ -202,9 +226,17 @@ void EncodeOnQueue(id<TF_MetalStream> stream, const CustomLossProblem& problem,
       return;
     }
   }
+  // A slot taken above goes back at once when nothing is encoded after all (no handler will).
+  auto release_unused_slot = [outcome] {
+    if (outcome->slots == nullptr) return;
+    outcome->slots->Release(
+        static_cast<const CustomLossErrorRecord*>([outcome->error_record contents]), outcome->slot);
+    outcome->slots = nullptr;
+  };
   for (const gpu::BufferBinding& binding : plan.bindings) {
     if (binding.inline_bytes) continue;
     if (BufferForRole(binding.role, tensors, outcome->error_record) == nil) {
+      release_unused_slot();
       outcome->error = Error::Internal(context + ": no Metal buffer for " +
                                        gpu::BufferRoleName(binding.role) + " (buffer " +
                                        std::to_string(binding.index) + ")");
@@ -214,6 +246,7 @@ void EncodeOnQueue(id<TF_MetalStream> stream, const CustomLossProblem& problem,
 
   id<MTLComputeCommandEncoder> encoder = [command_buffer computeCommandEncoder];
   if (encoder == nil) {
+    release_unused_slot();
     outcome->error = Error::Internal(context + ": the command buffer gave no compute encoder");
     return;
   }
@@ -224,8 +257,9 @@ void EncodeOnQueue(id<TF_MetalStream> stream, const CustomLossProblem& problem,
       // 4 KB), so `plan` need not outlive the encoding.
       [encoder setBytes:&plan.params length:binding.length atIndex:binding.index];
     } else {
+      const bool record = binding.role == gpu::BufferRole::kErrorRecord;
       [encoder setBuffer:BufferForRole(binding.role, tensors, outcome->error_record)
-                  offset:0
+                  offset:record ? outcome->record_offset : 0
                  atIndex:binding.index];
     }
   }
@@ -243,17 +277,22 @@ void EncodeOnQueue(id<TF_MetalStream> stream, const CustomLossProblem& problem,
 
   if (!wait) {
     if (outcome->record_is_ours) {
-      // Reads the record once the GPU is done with it, and leaves any error for the next op or
-      // check_errors() (csrc/pending_errors.h). Added before [stream commit], which may commit
-      // this very command buffer; Metal allows handlers only until then. The block keeps the
-      // record buffer and a copy of the problem (for the message) alive until Metal releases it
-      // after running it, which frees the buffer. A command buffer that failed reports through
-      // the plugin; its record may be incomplete, so it is not read.
-      id<MTLBuffer> record = outcome->error_record;
-      auto report_for = std::make_shared<const CustomLossProblem>(problem);
+      // Reads the record once the GPU is done with it, frees its slot, and leaves any error for
+      // the next op or check_errors() (csrc/pending_errors.h). Added before [stream commit],
+      // which may commit this very command buffer; Metal allows handlers only until then. The
+      // block keeps the record's buffer and a copy of the problem (for the message) alive until
+      // Metal releases it after running it. A command buffer that failed reports through the
+      // plugin; its record may be incomplete, so it is not reported, but its slot is freed.
+      id<MTLBuffer> buffer = outcome->error_record;
+      ErrorRecordSlots* slots = outcome->slots;  // the device's, never destroyed
+      const int slot = outcome->slot;
+      const CustomLossProblem report_for = problem;  // the block keeps its own copy
       [command_buffer addCompletedHandler:^(id<MTLCommandBuffer> done) {
+        const auto* records = static_cast<const CustomLossErrorRecord*>([buffer contents]);
+        const CustomLossErrorRecord record =
+            slots != nullptr ? slots->Release(records, slot) : records[0];
         if ([done status] != MTLCommandBufferStatusCompleted) return;
-        ReportCompletedErrorRecord(*report_for, [record contents], sizeof(CustomLossErrorRecord));
+        ReportCompletedErrorRecord(report_for, &record, sizeof(record));
       }];
     }
     [stream commit];
