@@ -5,7 +5,8 @@
 // label outside [0, C) is seen by the GPU later, when it writes the op's error record
 // (kernels/custom_loss_params.h). A completion handler on the plugin's command buffer
 // (csrc/metal/custom_loss_metal.mm) hands those bytes to ReportCompletedErrorRecord once the GPU
-// is done with them; the error then waits here until the next execution of a CustomLoss or
+// is done with them (the record's slot is then freed: error_record_slots.h says where records
+// live and for how long); the error then waits here until the next execution of a CustomLoss or
 // CustomLossGrad op, on any device (DescribeProblem raises it), or until
 // tf_metal_ops.debug.check_errors() takes it.
 //
