@@ -13,13 +13,17 @@ namespace {
 // It is set under the mutex after the error is stored and cleared under it when the error is
 // taken, so a reader that sees true and then locks finds the error (or an OK one, if another
 // thread took it in between, which TakePendingError reports as none).
+// The lock and the error are never destroyed: completion handlers may still run during exit.
 std::atomic<bool> has_pending{false};
-std::mutex pending_mutex;
+std::mutex& PendingMutex() {
+  static auto* mutex = new std::mutex();
+  return *mutex;
+}
 Error& Pending() {
-  static auto* pending = new Error();  // never destroyed: handlers may run during exit
+  static auto* pending = new Error();
   return *pending;
 }
-int64_t dropped = 0;  // errors refused since the pending one was recorded; under pending_mutex
+int64_t dropped = 0;  // errors refused since the pending one was recorded; under PendingMutex()
 
 constexpr char kDeferredNote[] =
     " (found by the GPU after the op had returned, so reported at the next CustomLoss op or "
@@ -60,7 +64,7 @@ bool ReportCompletedErrorRecord(const CustomLossProblem& problem, const void* by
 
 bool RecordPendingError(const Error& error) {
   if (error.ok()) return false;
-  std::lock_guard<std::mutex> lock(pending_mutex);
+  std::lock_guard<std::mutex> lock(PendingMutex());
   Error& pending = Pending();
   if (!pending.ok()) {
     ++dropped;
@@ -76,7 +80,7 @@ bool HasPendingError() { return has_pending.load(std::memory_order_acquire); }
 
 Error TakePendingError() {
   if (!HasPendingError()) return Error::Ok();
-  std::lock_guard<std::mutex> lock(pending_mutex);
+  std::lock_guard<std::mutex> lock(PendingMutex());
   Error taken = std::exchange(Pending(), Error::Ok());
   if (!taken.ok() && dropped > 0) {
     taken.message += "; " + std::to_string(dropped) + " later GPU error" +
