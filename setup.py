@@ -98,6 +98,8 @@ def native_extension(
     sources = [
         "csrc/ops.cc",
         "csrc/problem.cc",
+        "csrc/pending_errors.cc",
+        "csrc/error_record_slots.cc",
         "csrc/runtime.cc",
         "csrc/python_module.cc",
         "csrc/cpu/custom_loss_cpu.cc",

@@ -4,6 +4,8 @@
 #include <memory>
 #include <sstream>
 
+#include "csrc/pending_errors.h"
+
 namespace tf_metal_ops {
 namespace {
 
@@ -119,6 +121,9 @@ void DeleteKernel(void* kernel) { delete static_cast<CustomLossAttrs*>(kernel); 
 
 Error DescribeProblem(TF_OpKernelContext* ctx, const CustomLossAttrs& attrs,
                       CustomLossInputs* inputs, CustomLossProblem* problem) {
+  // A bad label the GPU found after an earlier op had returned (pending_errors.h) fails the next
+  // execution of our ops, on any device. One atomic load when there is none.
+  if (Error e = TakePendingError(); !e.ok()) return e;
   problem->attrs = attrs;
   if (Error e = GetInput(ctx, kLogits, &inputs->logits); !e.ok()) return e;
   if (Error e = GetInput(ctx, kLabels, &inputs->labels); !e.ok()) return e;

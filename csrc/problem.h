@@ -107,6 +107,7 @@ void DeleteKernel(void* kernel);
 
 // Fetches the inputs and checks their shapes against each other and their dtypes against the
 // attributes; fills `problem`. Does not read tensor values, so it works on GPU tensors too.
+// Fails first with the pending GPU error, if any (pending_errors.h), which it clears.
 Error DescribeProblem(TF_OpKernelContext* ctx, const CustomLossAttrs& attrs,
                       CustomLossInputs* inputs, CustomLossProblem* problem);
 

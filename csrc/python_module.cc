@@ -5,12 +5,18 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cstring>
+#include <memory>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "csrc/cpu/memory_floor.h"
 #include "csrc/cpu/parallel_for.h"
 #include "csrc/cpu/rows_dispatch.h"
+#include "csrc/error_record_slots.h"
+#include "csrc/pending_errors.h"
+#include "csrc/problem.h"
 #include "csrc/runtime.h"
 #if defined(TF_METAL_OPS_WITH_METAL)
 #include "csrc/metal/custom_loss_metal.h"
@@ -31,6 +37,36 @@
 
 namespace py = pybind11;
 namespace tmo = tf_metal_ops;
+
+namespace {
+
+// The host-memory slab behind the host_slab_* test hooks.
+struct HostErrorRecordSlab {
+  explicit HostErrorRecordSlab(int capacity)
+      : slots(capacity), records(static_cast<size_t>(slots.capacity())) {}
+  tmo::ErrorRecordSlots slots;
+  std::vector<CustomLossErrorRecord> records;
+};
+
+std::unique_ptr<HostErrorRecordSlab>& HostSlab() {
+  static auto* slab = new std::unique_ptr<HostErrorRecordSlab>();
+  return *slab;
+}
+
+HostErrorRecordSlab& TestSlab() {
+  if (!HostSlab()) throw std::invalid_argument("call host_slab_reset(capacity) first");
+  return *HostSlab();
+}
+
+size_t SlotIndex(const HostErrorRecordSlab& slab, int slot) {
+  if (slot < 0 || slot >= slab.slots.capacity()) {
+    throw std::invalid_argument("slot must be in [0, " + std::to_string(slab.slots.capacity()) +
+                                "), got " + std::to_string(slot));
+  }
+  return static_cast<size_t>(slot);
+}
+
+}  // namespace
 
 PYBIND11_MODULE(_tf_metal_ops, m) {
   m.doc() = "Native runtime of tf_metal_ops (settings shared with the TensorFlow kernels).";
@@ -83,6 +119,98 @@ PYBIND11_MODULE(_tf_metal_ops, m) {
     return out;
   });
   m.def("clear_kernel_timings", &tmo::ClearKernelTimings);
+
+  // GPU errors found after their op returned (csrc/pending_errors.h); tf_metal_ops.debug raises
+  // them as TensorFlow errors. (These hooks build their Python values by hand, without
+  // py::class_, py::cast or py::make_tuple, whose failure paths would bind the macOS build to
+  // more of libc++'s run-time type information: tests/cross/macos_stubs/libc++.tbd.)
+  m.def("has_pending_error", [] { return py::bool_(tmo::HasPendingError()); });
+  m.def("take_pending_error", []() -> py::object {
+    const tmo::Error error = tmo::TakePendingError();
+    if (error.ok()) return py::none();
+    py::tuple taken(2);
+    taken[0] = py::int_(static_cast<int>(error.code));
+    taken[1] = py::str(error.message);
+    return std::move(taken);
+  });
+  // What the Metal completion handler does with a finished kernel's error record, callable with
+  // a record from anywhere (the Linux emulator's, in the tests): `record` is the record's bytes
+  // and the rest describes the op the kernel ran for. Returns whether the record held an error.
+  m.def(
+      "report_completed_error_record",
+      [](py::bytes record, const std::string& node_name, const std::string& direction,
+         std::vector<int64_t> row_dims, int64_t num_classes, bool has_ignore_class,
+         int64_t ignore_class) {
+        tmo::CustomLossProblem problem;
+        if (direction == "forward") {
+          problem.attrs.direction = tmo::Direction::kForward;
+        } else if (direction == "gradient") {
+          problem.attrs.direction = tmo::Direction::kGradient;
+        } else {
+          throw std::invalid_argument("direction must be 'forward' or 'gradient', got '" +
+                                      direction + "'");
+        }
+        if (num_classes < 1) {
+          throw std::invalid_argument("num_classes must be >= 1, got " +
+                                      std::to_string(num_classes));
+        }
+        problem.attrs.node_name = node_name;
+        problem.attrs.has_ignore_class = has_ignore_class;
+        problem.attrs.ignore_class = ignore_class;
+        problem.num_classes = num_classes;
+        problem.row_dims = std::move(row_dims);
+        problem.num_rows = 1;
+        for (int64_t d : problem.row_dims) problem.num_rows *= d;
+        const std::string bytes = record;  // a copy: the GIL is released below
+        bool held;
+        {
+          py::gil_scoped_release release;
+          held = tmo::ReportCompletedErrorRecord(problem, bytes.data(), bytes.size());
+        }
+        return py::bool_(held);
+      },
+      py::arg("record"), py::arg("node_name"), py::arg("direction"), py::arg("row_dims"),
+      py::arg("num_classes"), py::arg("has_ignore_class"), py::arg("ignore_class"));
+
+  // The slot bookkeeping of the Metal path's error-record slab (csrc/error_record_slots.h), over
+  // one slab in host memory, for tests: host_slab_write stands in for the kernel's writes.
+  m.def("host_slab_reset", [](int capacity) {
+    if (capacity < 1) {
+      throw std::invalid_argument("capacity must be >= 1, got " + std::to_string(capacity));
+    }
+    HostSlab() = std::make_unique<HostErrorRecordSlab>(capacity);
+  });
+  m.def("host_slab_capacity", [] { return TestSlab().slots.capacity(); });
+  m.def("host_slab_in_use", [] { return TestSlab().slots.InUse(); });
+  m.def("host_slab_acquire", [] {
+    HostErrorRecordSlab& slab = TestSlab();
+    py::gil_scoped_release release;
+    return slab.slots.Acquire(slab.records.data());
+  });
+  m.def("host_slab_read", [](int slot) {
+    HostErrorRecordSlab& slab = TestSlab();
+    const CustomLossErrorRecord& r = slab.records[SlotIndex(slab, slot)];
+    return py::bytes(reinterpret_cast<const char*>(&r), sizeof(r));
+  });
+  m.def("host_slab_write", [](int slot, py::bytes record) {
+    HostErrorRecordSlab& slab = TestSlab();
+    const std::string bytes = record;
+    if (bytes.size() != sizeof(CustomLossErrorRecord)) {
+      throw std::invalid_argument("record must have " +
+                                  std::to_string(sizeof(CustomLossErrorRecord)) + " bytes, got " +
+                                  std::to_string(bytes.size()));
+    }
+    std::memcpy(&slab.records[SlotIndex(slab, slot)], bytes.data(), bytes.size());
+  });
+  m.def("host_slab_release", [](int slot) {
+    HostErrorRecordSlab& slab = TestSlab();
+    CustomLossErrorRecord r;
+    {
+      py::gil_scoped_release release;
+      r = slab.slots.Release(slab.records.data(), slot);
+    }
+    return py::bytes(reinterpret_cast<const char*>(&r), sizeof(r));
+  });
 
   m.def("get_cpu_threads", &tmo::CpuThreadLimit);
   m.def("set_cpu_threads", [](int threads) {

@@ -58,7 +58,8 @@ struct CustomLossParams {
 };
 
 // Written by the kernels when a sparse label is outside [0, C) and is not ignore_class; read by
-// the host after commitAndWait. The host initializes it with InitCustomLossErrorRecord. Every
+// the host after commitAndWait, or in commit mode by a completion handler once the GPU is done
+// (csrc/pending_errors.h). The host initializes it with InitCustomLossErrorRecord. Every
 // field is accessed with 32-bit atomics (relaxed) by the kernels, because rows run concurrently:
 //   bad_label_count  number of rows with a bad label (wraps at 2^32; > 0 means "error")
 //   min_bad_row      lowest such row (0xFFFFFFFF: none), deterministic

@@ -146,7 +146,7 @@ def test_objc_check_rejects_wrong_selector_argument_type(objc_compiler, tmp_path
     # A buffer index where the buffer belongs: the declared parameter types are enforced.
     source = mutated_copy(
         tmp_path, "custom_loss_metal.mm",
-        "offset:0\n                 atIndex:binding.index];",
+        "offset:record ? outcome->record_offset : 0\n                 atIndex:binding.index];",
         "offset:binding.role\n                 atIndex:binding.index];",
     )
     result = compile_objc(objc_compiler, source)

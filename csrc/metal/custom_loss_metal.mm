@@ -20,10 +20,12 @@
 #include <string>
 #include <vector>
 
+#include "csrc/error_record_slots.h"
 #include "csrc/launch_plan.h"
 #include "csrc/metal/custom_loss_metal.h"
 #include "csrc/metal/kernel_library.h"
 #include "csrc/metal/metal_stream.h"
+#include "csrc/pending_errors.h"
 #include "csrc/problem.h"
 #include "csrc/runtime.h"
 #include "csrc/tf_c.h"
@@ -66,7 +68,11 @@ id<MTLBuffer> BufferOf(TF_Tensor* tensor) {
 struct EncodeOutcome {
   Error error;
   id<MTLBuffer> error_record;  // the buffer the kernel wrote its CustomLossErrorRecord to
-  bool record_is_ours = false;  // true: a fresh buffer for this call, readable after the wait
+  NSUInteger record_offset = 0;  // where in it (a slot of the slab, commit mode)
+  ErrorRecordSlots* slots = nullptr;  // the slab's slots, when the record is one of them
+  int slot = -1;
+  bool record_is_ours = false;  // true: a record for this call alone, read after the wait (or by
+                                // the completion handler in commit mode)
   double gpu_seconds = -1.0;    // GPUEndTime - GPUStartTime, commit-and-wait mode only
 };
 
@@ -140,9 +146,9 @@ id<MTLBuffer> BufferForRole(gpu::BufferRole role, const TensorBuffers& tensors,
 // Every step that can fail comes before the compute encoder is created, so no failure leaves an
 // encoder open on the plugin's command buffer: Metal refuses to commit a command buffer whose
 // encoder was never ended, which would break the plugin's next commit, not just this op.
-void EncodeOnQueue(id<TF_MetalStream> stream, const gpu::LaunchDesc& desc,
-                   const TensorBuffers& tensors, bool wait, const std::string& context,
-                   EncodeOutcome* outcome) {
+void EncodeOnQueue(id<TF_MetalStream> stream, const CustomLossProblem& problem,
+                   const gpu::LaunchDesc& desc, const TensorBuffers& tensors, bool wait,
+                   const std::string& context, EncodeOutcome* outcome) {
   if (wait) {
     // Commit (and wait for) whatever earlier ops batched into the current command buffer, so the
     // one we encode into holds our kernel alone: its status, error and GPU time are then ours.
@@ -177,30 +183,60 @@ void EncodeOnQueue(id<TF_MetalStream> stream, const gpu::LaunchDesc& desc,
   }
   if (!plan.dispatch) return;  // nothing to run (N == 0 is handled before; kept for safety)
 
-  // Only sparse labels can be out of range, and only commit-and-wait mode can read the record.
-  if (wait && desc.label_kind != gpu::LabelKind::kDense) {
-    // A fresh record per call: read back after the wait, so it must not be shared with launches
-    // still running. newBufferWithLength: zero-fills; Init sets the "no row" sentinel.
-    outcome->error_record = [device newBufferWithLength:sizeof(CustomLossErrorRecord)
-                                                options:MTLResourceStorageModeShared];
-    if (outcome->error_record == nil) {
-      outcome->error = Error::Internal(context + ": allocating the error-record buffer failed");
-      return;
+  // Only sparse labels can be out of range: dense ones have no record to read.
+  if (desc.label_kind != gpu::LabelKind::kDense) {
+    // A record for this call alone, read after the wait (commit-and-wait) or by the completion
+    // handler below (commit), so it must not be shared with launches still running. Shared
+    // storage: the CPU reads what the GPU wrote without a copy. Commit mode takes a slot of the
+    // device's slab (error_record_slots.h: no allocation per op); commit-and-wait mode, and
+    // commit mode when every slot is in use, a fresh 32-byte buffer (newBufferWithLength:
+    // zero-fills; Init sets the "no row" sentinel).
+    if (!wait) {
+      ErrorRecordSlots* slots = nullptr;
+      id<MTLBuffer> slab = metal::GetErrorRecordSlab(device, &slots, &error);
+      if (slab == nil) {
+        outcome->error = Error{error.code, context + ": " + error.message};
+        return;
+      }
+      const int slot = slots->Acquire(static_cast<CustomLossErrorRecord*>([slab contents]));
+      if (slot >= 0) {
+        outcome->error_record = slab;
+        outcome->record_offset = static_cast<NSUInteger>(slot) * sizeof(CustomLossErrorRecord);
+        outcome->slots = slots;
+        outcome->slot = slot;
+      }
     }
-    InitCustomLossErrorRecord(static_cast<CustomLossErrorRecord*>([outcome->error_record contents]));
+    if (outcome->error_record == nil) {
+      outcome->error_record = [device newBufferWithLength:sizeof(CustomLossErrorRecord)
+                                                  options:MTLResourceStorageModeShared];
+      if (outcome->error_record == nil) {
+        outcome->error = Error::Internal(context + ": allocating the error-record buffer failed");
+        return;
+      }
+      InitCustomLossErrorRecord(
+          static_cast<CustomLossErrorRecord*>([outcome->error_record contents]));
+    }
     outcome->record_is_ours = true;
   } else {
-    // Nobody reads this record (in commit mode, the wait needed to read it is what the mode
-    // avoids): the kernels write into a shared sink instead of a per-call allocation.
+    // Dense labels: nobody reads this record, so the kernels write into a shared sink instead of
+    // a per-call allocation.
     outcome->error_record = metal::GetDiscardedErrorRecord(device, &error);
     if (outcome->error_record == nil) {
       outcome->error = Error{error.code, context + ": " + error.message};
       return;
     }
   }
+  // A slot taken above goes back at once when nothing is encoded after all (no handler will).
+  auto release_unused_slot = [outcome] {
+    if (outcome->slots == nullptr) return;
+    outcome->slots->Release(
+        static_cast<const CustomLossErrorRecord*>([outcome->error_record contents]), outcome->slot);
+    outcome->slots = nullptr;
+  };
   for (const gpu::BufferBinding& binding : plan.bindings) {
     if (binding.inline_bytes) continue;
     if (BufferForRole(binding.role, tensors, outcome->error_record) == nil) {
+      release_unused_slot();
       outcome->error = Error::Internal(context + ": no Metal buffer for " +
                                        gpu::BufferRoleName(binding.role) + " (buffer " +
                                        std::to_string(binding.index) + ")");
@@ -210,6 +246,7 @@ void EncodeOnQueue(id<TF_MetalStream> stream, const gpu::LaunchDesc& desc,
 
   id<MTLComputeCommandEncoder> encoder = [command_buffer computeCommandEncoder];
   if (encoder == nil) {
+    release_unused_slot();
     outcome->error = Error::Internal(context + ": the command buffer gave no compute encoder");
     return;
   }
@@ -220,8 +257,9 @@ void EncodeOnQueue(id<TF_MetalStream> stream, const gpu::LaunchDesc& desc,
       // 4 KB), so `plan` need not outlive the encoding.
       [encoder setBytes:&plan.params length:binding.length atIndex:binding.index];
     } else {
+      const bool record = binding.role == gpu::BufferRole::kErrorRecord;
       [encoder setBuffer:BufferForRole(binding.role, tensors, outcome->error_record)
-                  offset:0
+                  offset:record ? outcome->record_offset : 0
                  atIndex:binding.index];
     }
   }
@@ -238,6 +276,25 @@ void EncodeOnQueue(id<TF_MetalStream> stream, const gpu::LaunchDesc& desc,
   [encoder endEncoding];
 
   if (!wait) {
+    if (outcome->record_is_ours) {
+      // Reads the record once the GPU is done with it, frees its slot, and leaves any error for
+      // the next op or check_errors() (csrc/pending_errors.h). Added before [stream commit],
+      // which may commit this very command buffer; Metal allows handlers only until then. The
+      // block keeps the record's buffer and a copy of the problem (for the message) alive until
+      // Metal releases it after running it. A command buffer that failed reports through the
+      // plugin; its record may be incomplete, so it is not reported, but its slot is freed.
+      id<MTLBuffer> buffer = outcome->error_record;
+      ErrorRecordSlots* slots = outcome->slots;  // the device's, never destroyed
+      const int slot = outcome->slot;
+      const CustomLossProblem report_for = problem;  // the block keeps its own copy
+      [command_buffer addCompletedHandler:^(id<MTLCommandBuffer> done) {
+        const auto* records = static_cast<const CustomLossErrorRecord*>([buffer contents]);
+        const CustomLossErrorRecord record =
+            slots != nullptr ? slots->Release(records, slot) : records[0];
+        if ([done status] != MTLCommandBufferStatusCompleted) return;
+        ReportCompletedErrorRecord(report_for, &record, sizeof(record));
+      }];
+    }
     [stream commit];
     return;
   }
@@ -362,6 +419,7 @@ void ComputeOnGpu(const CustomLossAttrs& attrs, TF_OpKernelContext* ctx) {
   EncodeOutcome outcome;
   // The block captures pointers to these locals: dispatch_sync returns only after the block ran,
   // so they outlive it, and nothing is copied.
+  const CustomLossProblem* problem_ptr = &problem;
   const gpu::LaunchDesc* desc_ptr = &desc;
   const TensorBuffers* tensors_ptr = &tensors;
   const std::string* context_ptr = &context;
@@ -370,7 +428,8 @@ void ComputeOnGpu(const CustomLossAttrs& attrs, TF_OpKernelContext* ctx) {
     // dispatch_sync usually runs the block on the calling TensorFlow thread, which has no
     // autorelease pool of its own: drain what the Metal calls autorelease right here.
     @autoreleasepool {
-      EncodeOnQueue(stream, *desc_ptr, *tensors_ptr, wait, *context_ptr, outcome_ptr);
+      EncodeOnQueue(stream, *problem_ptr, *desc_ptr, *tensors_ptr, wait, *context_ptr,
+                    outcome_ptr);
     }
   });
   if (!outcome.error.ok()) return FailKernel(ctx, outcome.error);

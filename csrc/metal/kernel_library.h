@@ -12,6 +12,7 @@
 
 #include <string>
 
+#include "csrc/error_record_slots.h"
 #include "csrc/tf_c.h"
 
 namespace tf_metal_ops {
@@ -25,10 +26,18 @@ id<MTLComputePipelineState> GetComputePipeline(id<MTLDevice> device, const std::
                                                Error* error);
 
 // A CustomLossErrorRecord-sized buffer in shared storage for launches whose error record nobody
-// reads (commit mode): the kernels must be given somewhere to write. One per device, shared by all
+// reads (dense labels, which cannot be out of range): the kernels must be given somewhere to
+// write. One per device, shared by all
 // launches: hazard tracking is off for it, so it adds no dependency between unrelated command
 // buffers, and its contents are never looked at.
 id<MTLBuffer> GetDiscardedErrorRecord(id<MTLDevice> device, Error* error);
+
+// The slab of error records that commit-mode launches on `device` write to, and the bookkeeping
+// of its slots (csrc/error_record_slots.h says who takes and frees them, and when): a
+// shared-storage buffer of ErrorRecordSlots::kCapacity records with hazard tracking off, made on
+// first use and kept, like the pipelines, for the life of the process. nil with `*error` set
+// when the allocation fails.
+id<MTLBuffer> GetErrorRecordSlab(id<MTLDevice> device, ErrorRecordSlots** slots, Error* error);
 
 }  // namespace metal
 }  // namespace tf_metal_ops

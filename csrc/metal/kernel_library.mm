@@ -31,6 +31,8 @@ struct DeviceKernels {
   std::string library_origin = "not loaded";
   std::unordered_map<std::string, id<MTLComputePipelineState>> pipelines;
   id<MTLBuffer> discarded_error_record;
+  id<MTLBuffer> error_record_slab;
+  std::unique_ptr<ErrorRecordSlots> error_record_slots;  // never destroyed, like the entry
 };
 
 // The cache and its lock are created once and never destroyed: kernels may still run on
@@ -230,6 +232,33 @@ id<MTLBuffer> GetDiscardedErrorRecord(id<MTLDevice> device, Error* error) {
     entry.discarded_error_record = buffer;
   }
   return entry.discarded_error_record;
+}
+
+id<MTLBuffer> GetErrorRecordSlab(id<MTLDevice> device, ErrorRecordSlots** slots, Error* error) {
+  if (device == nil) {
+    *error = Error::Internal("tf_metal_ops: the command buffer has no Metal device");
+    return nil;
+  }
+  std::lock_guard<std::mutex> lock(CacheMutex());
+  DeviceKernels& entry = EntryFor(device);
+  if (entry.error_record_slab == nil) {
+    const size_t length = sizeof(CustomLossErrorRecord) * ErrorRecordSlots::kCapacity;
+    // Untracked: each launch writes only the slot it was given, which no other launch touches
+    // until the completion handler has freed it, so Metal need not order launches by this
+    // buffer.
+    id<MTLBuffer> buffer = [device newBufferWithLength:length
+                                               options:MTLResourceStorageModeShared |
+                                                       MTLResourceHazardTrackingModeUntracked];
+    if (buffer == nil) {
+      *error = Error::Internal("tf_metal_ops: allocating the " + std::to_string(length) +
+                               "-byte Metal buffer of error records failed");
+      return nil;
+    }
+    entry.error_record_slab = buffer;
+    entry.error_record_slots = std::make_unique<ErrorRecordSlots>(ErrorRecordSlots::kCapacity);
+  }
+  *slots = entry.error_record_slots.get();
+  return entry.error_record_slab;
 }
 
 }  // namespace metal

@@ -120,6 +120,13 @@ typedef NS_OPTIONS(NSUInteger, MTLResourceOptions){
                   size:(NSUInteger)size;
 @end
 
+// https://developer.apple.com/documentation/metal/mtlcommandbufferhandler
+//   c:@T@MTLCommandBufferHandler  ("A completion handler signature a GPU device calls when it
+//   finishes scheduling a command buffer, or when the GPU finishes running it"; its one
+//   parameter is the command buffer that invokes it)
+@protocol MTLCommandBuffer;
+typedef void (^MTLCommandBufferHandler)(id<MTLCommandBuffer> commandBuffer);
+
 // https://developer.apple.com/documentation/metal/mtlcommandbuffer
 //   device                        c:objc(pl)MTLCommandBuffer(py)device
 //   status                        c:objc(pl)MTLCommandBuffer(py)status
@@ -128,6 +135,9 @@ typedef NS_OPTIONS(NSUInteger, MTLResourceOptions){
 //                                 (0.0 until the command buffer has completed)
 //   makeComputeCommandEncoder()   c:objc(pl)MTLCommandBuffer(im)computeCommandEncoder
 //   makeBlitCommandEncoder()      c:objc(pl)MTLCommandBuffer(im)blitCommandEncoder
+//   addCompletedHandler(_:)       c:objc(pl)MTLCommandBuffer(im)addCompletedHandler:
+//                                 ("You can only call this method before calling the command
+//                                 buffer's commit() method"; macOS 10.11 and later)
 @protocol MTLCommandBuffer <NSObject>
 @property(readonly) id<MTLDevice> device;
 @property(readonly) MTLCommandBufferStatus status;
@@ -136,6 +146,7 @@ typedef NS_OPTIONS(NSUInteger, MTLResourceOptions){
 @property(readonly) CFTimeInterval GPUEndTime;
 - (nullable id<MTLComputeCommandEncoder>)computeCommandEncoder;
 - (nullable id<MTLBlitCommandEncoder>)blitCommandEncoder;
+- (void)addCompletedHandler:(MTLCommandBufferHandler)block;
 @end
 
 // https://developer.apple.com/documentation/metal/mtlcompileoptions
