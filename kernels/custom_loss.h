@@ -26,7 +26,8 @@
 //
 // Out-of-range sparse labels (not ignore_class): the row's loss / gradient is NaN and the first
 // lane of the row reports it in the error record (custom_loss_params.h) with atomics; the host
-// reads the record after commitAndWait and raises the CPU kernel's InvalidArgumentError.
+// reads the record after commitAndWait, or from a completion handler once the GPU is done
+// (csrc/pending_errors.h), and raises the CPU kernel's InvalidArgumentError.
 // ---------------------------------------------------------------------------------------------
 #ifndef TF_METAL_OPS_KERNELS_CUSTOM_LOSS_H_
 #define TF_METAL_OPS_KERNELS_CUSTOM_LOSS_H_
