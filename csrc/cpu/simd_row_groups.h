@@ -75,10 +75,9 @@ TMO_SIMD_INLINE SoftmaxLanes GroupSoftmax(const float* tile, int64_t num_classes
   VF max = Splat(std::numeric_limits<float>::lowest());
   for (int64_t c = 0; c < num_classes; ++c) max = MaxKeep(max, LoadFull(tile + c * kLanes));
   // Nothing to prefetch: the tile is in L1, and the next group's rows follow this one's.
-  ExpSumOp<true, float> op{tile, e, tile, max, LaneSum::Zero(), SplatI(0)};
-  ForEachBlock(num_classes * kLanes, op);
+  ExpSumOp<true, float> op{tile, e, tile, max, SplatI(0)};
+  const VF others = SumOfBlocks<false>(num_classes * kLanes, op).part;  // never folded
   const VF ties = __builtin_convertvector(op.ties, VF);
-  const VF others = op.others.Lanes();
   SoftmaxLanes sm;
   sm.max = max;
   // No logit reached the maximum (all -inf or NaN): log(0) = -inf makes every lp NaN.
@@ -155,7 +154,7 @@ void ComputeRowGroupsTyped(const RowsArgs& args, int64_t begin, int64_t end) {
         }
         loss = KeepIf(w_y != Splat(0.0f), Splat(0.0f) - w_y * term);
       } else {
-        loss = Splat(0.0f) - LossTerms(z, weights, sm, e, gamma, width).Lanes();
+        loss = Splat(0.0f) - LossTerms<false>(z, weights, sm, e, gamma, width).part;
       }
       for (int64_t i = 0; i < rows; ++i) {
         Store(ignored[i] ? 0.0f : loss[i], &out[first + i]);
@@ -192,7 +191,8 @@ void ComputeRowGroupsTyped(const RowsArgs& args, int64_t begin, int64_t end) {
           StoredE{e}, &weights, grad, sm.inv_sum, weights.Sum(num_classes), upstream};
       ForEachBlock(width, op);
     } else {
-      const VF total = FocalFactorTerms(z, weights, sm, e, g, gamma, width).Lanes();
+      const VF total =
+          FocalFactorTerms<false>(z, weights, sm, e, g, gamma, width).part;
       FocalGradOp<float> op{e, g, grad, sm.inv_sum, total, upstream};
       ForEachBlock(width, op);
     }

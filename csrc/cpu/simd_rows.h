@@ -45,26 +45,18 @@
 // Added up in float lane by lane, their rounding error grows with C / kLanes; worse, where one
 // lane holds a large term (the labelled class's weight 0.9 beside 0.1 / C for each smoothed
 // class), the many small terms added to it all round the same way: G was 1e-4 off at
-// C = 32000. So a LaneSum keeps only the last kFoldVectors vectors of terms in float and folds
+// C = 32000. So SumOfBlocks keeps only the last kFoldVectors vectors of terms in float and folds
 // them into double lanes: the error is that of kFoldVectors float additions plus one final
 // rounding, whatever C (tests/test_vocabulary_scale.py). Folding costs two conversions and two
-// additions per kFoldVectors vectors of terms, each of which took an Exp or more to make.
-constexpr int kFoldVectors = 8;
+// additions per kFoldVectors vectors of terms, each of which took an Exp or more to make. The
+// running sums are the walker's own locals, not members of the op, so they stay in registers.
+constexpr int kFoldVectors = 16;
 typedef double VD __attribute__((vector_size(kLanes * 8)));
 
+// A sum of many terms lane by lane: the last terms in float, the rest folded in double.
 struct LaneSum {
   VF part;
   VD folded;
-  static TMO_SIMD_INLINE LaneSum Zero() { return {Splat(0.0f), VD{}}; }
-  TMO_SIMD_INLINE void operator+=(VF terms) { part += terms; }
-  TMO_SIMD_INLINE void Fold() {
-    folded += __builtin_convertvector(part, VD);
-    part = Splat(0.0f);
-  }
-  // Lane by lane (one row per lane in simd_row_groups.h), each rounded once to float.
-  TMO_SIMD_INLINE VF Lanes() const {
-    return __builtin_convertvector(folded + __builtin_convertvector(part, VD), VF);
-  }
   // All lanes, summed in double and rounded once (ReduceAdd's pairwise tree).
   TMO_SIMD_INLINE float Total() const {
     const VD all = folded + __builtin_convertvector(part, VD);
@@ -77,25 +69,33 @@ struct LaneSum {
   }
 };
 
-// Ops that sum (they have a Fold() for their LaneSum) are folded every kFoldVectors vectors.
-template <typename Op, typename = void>
-struct Sums : std::false_type {};
-template <typename Op>
-struct Sums<Op, std::void_t<decltype(std::declval<Op&>().Fold())>> : std::true_type {};
-
 // A row is walked as full vectors plus one shorter tail: Op::Block<true> for the full ones (no
 // tail test inside the main loop), Op::Block<false> once for the last num_classes % kLanes.
 template <typename Op>
 TMO_SIMD_INLINE void ForEachBlock(int64_t num_classes, Op& op) {
   int64_t c = 0;
-  if constexpr (Sums<Op>::value) {
-    while (c + kFoldVectors * kLanes <= num_classes) {
-      for (int k = 0; k < kFoldVectors; ++k, c += kLanes) op.template Block<true>(c, kLanes);
-      op.Fold();
-    }
-  }
   for (; c + kLanes <= num_classes; c += kLanes) op.template Block<true>(c, kLanes);
   if (c < num_classes) op.template Block<false>(c, num_classes - c);
+}
+
+// The same walk for ops whose blocks give terms to sum (Op::Term, 0 in a tail's padding
+// lanes): their sum, folded every kFoldVectors vectors (LaneSum above). Rows of few classes,
+// kLanes at a time (simd_row_groups.h), sum at most kMaxGroupClasses terms per lane: kFold =
+// false keeps them in float, where folding cost 5-10% of their time.
+template <bool kFold = true, typename Op>
+TMO_SIMD_INLINE LaneSum SumOfBlocks(int64_t num_classes, Op& op) {
+  VD folded{};
+  int64_t c = 0;
+  while (kFold && c + kFoldVectors * kLanes <= num_classes) {
+    VF part = op.template Term<true>(c, kLanes);
+    c += kLanes;
+    for (int k = 1; k < kFoldVectors; ++k, c += kLanes) part += op.template Term<true>(c, kLanes);
+    folded += __builtin_convertvector(part, VD);
+  }
+  VF part = Splat(0.0f);
+  for (; c + kLanes <= num_classes; c += kLanes) part += op.template Term<true>(c, kLanes);
+  if (c < num_classes) part += op.template Term<false>(c, num_classes - c);
+  return {part, folded};
 }
 template <bool kFull, typename T>
 TMO_SIMD_INLINE VF LoadBlock(const T* p, int64_t n, float fill) {
@@ -157,17 +157,14 @@ struct DenseWeights {
   }
   struct SumOp {
     const DenseWeights* weights;
-    LaneSum sum;
     template <bool kFull>
-    TMO_SIMD_INLINE void Block(int64_t c, int64_t n) {
-      sum += weights->template Get<kFull>(c, n);
+    TMO_SIMD_INLINE VF Term(int64_t c, int64_t n) {
+      return weights->template Get<kFull>(c, n);
     }
-    TMO_SIMD_INLINE void Fold() { sum.Fold(); }
   };
   float Sum(int64_t num_classes) const {
-    SumOp op{this, LaneSum::Zero()};
-    ForEachBlock(num_classes, op);
-    return op.sum.Total();
+    SumOp op{this};
+    return SumOfBlocks(num_classes, op).Total();
   }
 };
 
@@ -227,11 +224,10 @@ struct ExpSumOp {
   float* e_out;
   const T* next_z;
   VF max;
-  LaneSum others;
   VI ties;
-  TMO_SIMD_INLINE void Fold() { others.Fold(); }
+  // exp(z_c - max) of the classes below the maximum (the term of `others`).
   template <bool kFull>
-  TMO_SIMD_INLINE void Block(int64_t c, int64_t n) {
+  TMO_SIMD_INLINE VF Term(int64_t c, int64_t n) {
     __builtin_prefetch(next_z + c, /*rw=*/0, /*locality=*/2);
     const VF v = LoadBlock<kFull>(z + c, n, max[0]);
     VI tie = v == max;
@@ -241,17 +237,16 @@ struct ExpSumOp {
       tie &= valid;
       e = KeepIf(valid, e);
     }
-    others += DropIf(tie, e);
     ties -= tie;  // tie lanes are -1
     if constexpr (kStoreE) StoreBlock<kFull>(e_out + c, e, n);
+    return DropIf(tie, e);
   }
 };
 
 template <bool kStoreE, typename T>
 TMO_SIMD_INLINE RowSoftmax RowExpSum(const T* z, int64_t num_classes, float max, float* e_out) {
-  ExpSumOp<kStoreE, T> op{z, e_out, z + num_classes, Splat(max), LaneSum::Zero(), SplatI(0)};
-  ForEachBlock(num_classes, op);
-  const float others_sum = op.others.Total();
+  ExpSumOp<kStoreE, T> op{z, e_out, z + num_classes, Splat(max), SplatI(0)};
+  const float others_sum = SumOfBlocks(num_classes, op).Total();
   const float ties_sum = ReduceAdd(__builtin_convertvector(op.ties, VF));
   tfmo::LogSumExp<float> state;
   state.max = max;
@@ -335,10 +330,8 @@ struct LossOp {
   const Weights* weights;
   float gamma;
   VF max, log_sum, inv_sum;
-  LaneSum sum;
-  TMO_SIMD_INLINE void Fold() { sum.Fold(); }
   template <bool kFull>
-  TMO_SIMD_INLINE void Block(int64_t c, int64_t n) {
+  TMO_SIMD_INLINE VF Term(int64_t c, int64_t n) {
     const VF w = weights->template Get<kFull>(c, n);
     const VF lp = (LoadBlock<kFull>(z + c, n, 0.0f) - max) - log_sum;
     VF term;
@@ -354,7 +347,7 @@ struct LossOp {
         }
       }
     }
-    sum += KeepIf(w != Splat(0.0f), term);  // w = 0: 0, not 0 * inf
+    return KeepIf(w != Splat(0.0f), term);  // w = 0: 0, not 0 * inf
   }
 };
 
@@ -367,30 +360,30 @@ struct SoftmaxLanes {
   }
 };
 
-template <bool kFocal, GammaKind kGamma, typename T, typename Weights>
+template <bool kFold, bool kFocal, GammaKind kGamma, typename T, typename Weights>
 TMO_SIMD_INLINE LaneSum LossTermsOf(const T* z, const Weights& weights, const SoftmaxLanes& sm,
                                     const float* e, float gamma, int64_t length) {
-  LossOp<kFocal, kGamma, T, Weights> op{z,      e,          &weights,   gamma,
-                                        sm.max, sm.log_sum, sm.inv_sum, LaneSum::Zero()};
-  ForEachBlock(length, op);
-  return op.sum;
+  LossOp<kFocal, kGamma, T, Weights> op{z, e, &weights, gamma, sm.max, sm.log_sum, sm.inv_sum};
+  return SumOfBlocks<kFold>(length, op);
 }
 
 // sum_{c: w_c != 0} w_c r_c^gamma lp_c lane by lane, over `length` elements: a row's loss is
 // 0 - the sum of the lanes. `e` holds pass 2's e_c when gamma > 0.
-template <typename T, typename Weights>
+template <bool kFold = true, typename T, typename Weights>
 LaneSum LossTerms(const T* z, const Weights& weights, const SoftmaxLanes& sm, const float* e,
              float gamma, int64_t length) {
-  if (gamma == 0.0f) return LossTermsOf<false, GammaKind::kOne>(z, weights, sm, e, gamma, length);
+  if (gamma == 0.0f) {
+    return LossTermsOf<kFold, false, GammaKind::kOne>(z, weights, sm, e, gamma, length);
+  }
   switch (KindOf(gamma)) {
     case GammaKind::kOne:
-      return LossTermsOf<true, GammaKind::kOne>(z, weights, sm, e, gamma, length);
+      return LossTermsOf<kFold, true, GammaKind::kOne>(z, weights, sm, e, gamma, length);
     case GammaKind::kTwo:
-      return LossTermsOf<true, GammaKind::kTwo>(z, weights, sm, e, gamma, length);
+      return LossTermsOf<kFold, true, GammaKind::kTwo>(z, weights, sm, e, gamma, length);
     case GammaKind::kGeneral:
       break;
   }
-  return LossTermsOf<true, GammaKind::kGeneral>(z, weights, sm, e, gamma, length);
+  return LossTermsOf<kFold, true, GammaKind::kGeneral>(z, weights, sm, e, gamma, length);
 }
 
 // grad_c = upstream * (p_c * scale), p_c = e_c / sum: the gradient of a sparse, unsmoothed row
@@ -429,10 +422,8 @@ struct FocalFactorOp {
   float* g;
   float gamma;
   VF max, log_sum, inv_sum;
-  LaneSum total;
-  TMO_SIMD_INLINE void Fold() { total.Fold(); }
   template <bool kFull>
-  TMO_SIMD_INLINE void Block(int64_t c, int64_t n) {
+  TMO_SIMD_INLINE VF Term(int64_t c, int64_t n) {
     const VF w = weights->template Get<kFull>(c, n);
     const VF lp = (LoadBlock<kFull>(z + c, n, 0.0f) - max) - log_sum;
     const VF p = LoadBlock<kFull>(e + c, n, 0.0f) * inv_sum;
@@ -447,35 +438,34 @@ struct FocalFactorOp {
       }
     }
     const VF gc = KeepIf(w != Splat(0.0f), w * factor);
-    total += gc;
     StoreBlock<kFull>(g + c, gc, n);
+    return gc;
   }
 };
 
-template <GammaKind kGamma, typename T, typename Weights>
+template <bool kFold, GammaKind kGamma, typename T, typename Weights>
 TMO_SIMD_INLINE LaneSum FocalFactorTermsOf(const T* z, const Weights& weights,
                                            const SoftmaxLanes& sm, const float* e, float* g,
                                            float gamma, int64_t length) {
-  FocalFactorOp<kGamma, T, Weights> op{z,      e,          &weights,   g,         gamma,
-                                       sm.max, sm.log_sum, sm.inv_sum, LaneSum::Zero()};
-  ForEachBlock(length, op);
-  return op.total;
+  FocalFactorOp<kGamma, T, Weights> op{z,      e,          &weights,  g,
+                                       gamma,  sm.max,     sm.log_sum, sm.inv_sum};
+  return SumOfBlocks<kFold>(length, op);
 }
 
 // g_c into `g` over `length` elements (gamma > 0), and their sums lane by lane: a row's G is
 // the sum of the lanes.
-template <typename T, typename Weights>
+template <bool kFold = true, typename T, typename Weights>
 LaneSum FocalFactorTerms(const T* z, const Weights& weights, const SoftmaxLanes& sm, const float* e,
                     float* g, float gamma, int64_t length) {
   switch (KindOf(gamma)) {
     case GammaKind::kOne:
-      return FocalFactorTermsOf<GammaKind::kOne>(z, weights, sm, e, g, gamma, length);
+      return FocalFactorTermsOf<kFold, GammaKind::kOne>(z, weights, sm, e, g, gamma, length);
     case GammaKind::kTwo:
-      return FocalFactorTermsOf<GammaKind::kTwo>(z, weights, sm, e, g, gamma, length);
+      return FocalFactorTermsOf<kFold, GammaKind::kTwo>(z, weights, sm, e, g, gamma, length);
     case GammaKind::kGeneral:
       break;
   }
-  return FocalFactorTermsOf<GammaKind::kGeneral>(z, weights, sm, e, g, gamma, length);
+  return FocalFactorTermsOf<kFold, GammaKind::kGeneral>(z, weights, sm, e, g, gamma, length);
 }
 
 // grad_c = upstream * (p_c * total - g_c).
