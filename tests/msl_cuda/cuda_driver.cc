@@ -3,6 +3,7 @@
 // __grid_constant__ parameter), setThreadgroupMemoryLength -> dynamic shared memory,
 // dispatchThreadgroups -> cuLaunchKernel with the plan's grid and threadgroup size.
 #include "tests/msl_cuda/cuda_driver.h"
+#include "tests/msl_host/custom_loss_case.h"
 
 #include <cuda.h>
 #include <dlfcn.h>
@@ -321,18 +322,7 @@ extern "C" int tfmo_cuda_run(const TfmoEmuCase* c, TfmoEmuResult* result, void* 
   const CudaApi& api = cuda();
   if (!api.error.empty()) return fail(api.error);
 
-  gpu::LaunchDesc desc;
-  desc.num_rows = c->num_rows;
-  desc.num_classes = c->num_classes;
-  desc.dtype = static_cast<gpu::LogitsDtype>(c->dtype);
-  desc.label_kind = static_cast<gpu::LabelKind>(c->label_kind);
-  desc.direction = static_cast<gpu::Direction>(c->direction);
-  desc.variant = static_cast<gpu::KernelVariant>(c->variant);
-  desc.gamma = c->gamma;
-  desc.label_smoothing = c->label_smoothing;
-  desc.has_class_weights = c->has_class_weights != 0;
-  desc.has_ignore_class = c->has_ignore_class != 0;
-  desc.ignore_class = c->ignore_class;
+  const gpu::LaunchDesc desc = msl_host::LaunchDescOf(*c);
 
   // The encoder asks the pipeline for its limits; the pipeline exists before the plan (by name).
   const std::string name = gpu::KernelName(desc);

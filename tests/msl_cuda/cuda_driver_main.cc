@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "tests/msl_cuda/cuda_driver.h"
+#include "tests/msl_host/custom_loss_case.h"
 
 namespace {
 
@@ -81,31 +82,7 @@ bool upload(const Memory& m, const std::vector<char>& host, DeviceArray* out) {
 }
 
 int run_case(const Memory& m, const std::string& dir) {
-  std::map<std::string, std::string> kv;
-  {
-    std::ifstream in(dir + "/case.txt");
-    std::string key, value;
-    while (in >> key >> value) kv[key] = value;
-  }
-  auto get = [&kv](const char* key, const char* fallback) {
-    auto it = kv.find(key);
-    return it == kv.end() ? std::string(fallback) : it->second;
-  };
-  TfmoEmuCase c;
-  std::memset(&c, 0, sizeof(c));
-  c.num_rows = std::stoll(get("num_rows", "0"));
-  c.num_classes = std::stoll(get("num_classes", "1"));
-  c.dtype = std::stoi(get("dtype", "0"));
-  c.label_kind = std::stoi(get("label_kind", "0"));
-  c.direction = std::stoi(get("direction", "0"));
-  c.variant = std::stoi(get("variant", "-1"));
-  c.gamma = std::stof(get("gamma", "0"));
-  c.label_smoothing = std::stof(get("label_smoothing", "0"));
-  c.has_class_weights = std::stoi(get("has_class_weights", "0"));
-  c.has_ignore_class = std::stoi(get("has_ignore_class", "0"));
-  c.ignore_class = std::stoll(get("ignore_class", "0"));
-  c.max_total_threads_per_threadgroup = std::stoul(get("max_threads", "1024"));
-  c.thread_execution_width = std::stoul(get("simd_width", "32"));
+  TfmoEmuCase c = msl_host::ReadCaseFile(dir);  // the buffers are filled in below
 
   DeviceArray logits, labels, weights, upstream, output, record;
   bool ok = upload(m, read_file(dir + "/logits.bin"), &logits) &&

@@ -2,6 +2,7 @@
 // plan, bind by role at the plan's indices, send the params bytes, size the threadgroup memory,
 // dispatch. The only difference is that "dispatch" is the emulator.
 #include "custom_loss_driver.h"
+#include "custom_loss_case.h"
 
 #include <cstdio>
 #include <cstring>
@@ -26,18 +27,7 @@ extern "C" int tfmo_emu_run(const TfmoEmuCase* c, TfmoEmuResult* result) {
   std::memset(result, 0, sizeof(*result));
   for (int32_t& role : result->binding_roles) role = -1;
 
-  gpu::LaunchDesc desc;
-  desc.num_rows = c->num_rows;
-  desc.num_classes = c->num_classes;
-  desc.dtype = static_cast<gpu::LogitsDtype>(c->dtype);
-  desc.label_kind = static_cast<gpu::LabelKind>(c->label_kind);
-  desc.direction = static_cast<gpu::Direction>(c->direction);
-  desc.variant = static_cast<gpu::KernelVariant>(c->variant);
-  desc.gamma = c->gamma;
-  desc.label_smoothing = c->label_smoothing;
-  desc.has_class_weights = c->has_class_weights != 0;
-  desc.has_ignore_class = c->has_ignore_class != 0;
-  desc.ignore_class = c->ignore_class;
+  const gpu::LaunchDesc desc = msl_host::LaunchDescOf(*c);
 
   gpu::PipelineLimits limits;
   limits.max_total_threads_per_threadgroup = c->max_total_threads_per_threadgroup;

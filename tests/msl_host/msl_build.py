@@ -45,6 +45,7 @@ KERNEL_INPUTS = [
     HERE / "msl_host_runtime.h",
     HERE / "emulator.h",
     HERE / "emulator.cc",
+    HERE / "custom_loss_case.h",
     HERE / "custom_loss_driver.h",
     HERE / "custom_loss_driver.cc",
     HERE / "custom_loss_driver_main.cc",
