@@ -451,6 +451,23 @@ def _lm_head_memory_child(case: str, rows: int, hidden: int, cols: int) -> Dict[
             "method": f"VmHWM after clear_refs minus VmRSS before {LM_HEAD_STEPS} steps"}
 
 
+def _memory_children(flag: str, cases: Sequence[str], size: str, label: str,
+                     progress: _Progress, result: Dict[str, Any]) -> None:
+    """Runs each case's memory child (`python -m tf_metal_ops.bench FLAG CASE SIZE`) in a
+    fresh process and files its extra bytes, its method, or its error in `result`."""
+    for case in cases:
+        command = [sys.executable, "-m", "tf_metal_ops.bench", flag, case, size]
+        completed = subprocess.run(command, capture_output=True, text=True, check=False)
+        progress.step(f"{label} {case}")
+        lines = [l for l in completed.stdout.splitlines() if l.startswith("{")]
+        if completed.returncode != 0 or not lines:
+            result["errors"][case] = (completed.stderr.strip().splitlines() or ["no output"])[-1]
+            continue
+        child = json.loads(lines[-1])
+        result["extra_bytes"][case] = child["extra_bytes"]
+        result["method"] = child["method"]
+
+
 def measure_memory(rows: int, cols: int, progress: _Progress) -> Dict[str, Any]:
     """Peak extra memory of a forward + backward step, ours against Keras's focal loss."""
     result: Dict[str, Any] = {
@@ -462,19 +479,10 @@ def measure_memory(rows: int, cols: int, progress: _Progress) -> Dict[str, Any]:
         "method": None,
         "errors": {},
     }
-    for case in MEMORY_CASES:
-        command = [sys.executable, "-m", "tf_metal_ops.bench", _MEMORY_CHILD_FLAG, case,
-                   f"{rows}x{cols}"]
-        completed = subprocess.run(command, capture_output=True, text=True, check=False)
-        progress.step(f"memory {case}")
-        lines = [l for l in completed.stdout.splitlines() if l.startswith("{")]
-        if completed.returncode != 0 or not lines:
-            result["errors"][case] = (completed.stderr.strip().splitlines() or ["no output"])[-1]
-            continue
-        child = json.loads(lines[-1])
-        result["extra_bytes"][case] = child["extra_bytes"]
-        result["extra_over_gradient"][case] = child["extra_bytes"] / result["gradient_bytes"]
-        result["method"] = child["method"]
+    _memory_children(_MEMORY_CHILD_FLAG, MEMORY_CASES, f"{rows}x{cols}", "memory", progress,
+                     result)
+    for case, extra in result["extra_bytes"].items():
+        result["extra_over_gradient"][case] = extra / result["gradient_bytes"]
     return result
 
 
@@ -484,18 +492,8 @@ def measure_lm_head_memory(rows: int, hidden: int, cols: int,
     result: Dict[str, Any] = {"rows": rows, "hidden": hidden, "classes": cols,
                               "steps": LM_HEAD_STEPS, "logits_bytes": 4 * rows * cols,
                               "extra_bytes": {}, "method": None, "errors": {}}
-    for case in LM_HEAD_CASES:
-        command = [sys.executable, "-m", "tf_metal_ops.bench", _LM_HEAD_CHILD_FLAG, case,
-                   f"{rows}x{hidden}x{cols}"]
-        completed = subprocess.run(command, capture_output=True, text=True, check=False)
-        progress.step(f"LM-head memory {case}")
-        lines = [l for l in completed.stdout.splitlines() if l.startswith("{")]
-        if completed.returncode != 0 or not lines:
-            result["errors"][case] = (completed.stderr.strip().splitlines() or ["no output"])[-1]
-            continue
-        child = json.loads(lines[-1])
-        result["extra_bytes"][case] = child["extra_bytes"]
-        result["method"] = child["method"]
+    _memory_children(_LM_HEAD_CHILD_FLAG, LM_HEAD_CASES, f"{rows}x{hidden}x{cols}",
+                     "LM-head memory", progress, result)
     return result
 
 

@@ -143,17 +143,16 @@ class CustomLoss(keras.losses.Loss):
         in_mask = _get_keras_mask(y_pred)
         with tf.name_scope(self.name):
             predictions = keras.ops.convert_to_tensor(y_pred, dtype=self.dtype)
-            logits = predictions if self.from_logits else tf.math.log(predictions)
             scales = self._row_scales(y_true, predictions, sample_weight, in_mask)
-            return reduced_custom_loss(
-                y_true,
-                logits,
-                scales,
-                gamma=self.gamma,
-                label_smoothing=self.label_smoothing,
-                class_weights=self.class_weights,
-                ignore_class=self.ignore_class,
-            )
+            return reduced_custom_loss(y_true, self._logits(predictions), scales,
+                                       **self._loss_options())
+
+    def _logits(self, y_pred: tf.Tensor) -> tf.Tensor:
+        return y_pred if self.from_logits else tf.math.log(y_pred)
+
+    def _loss_options(self) -> Dict[str, Any]:
+        return dict(gamma=self.gamma, label_smoothing=self.label_smoothing,
+                    class_weights=self.class_weights, ignore_class=self.ignore_class)
 
     def _row_scales(self, y_true: Any, predictions: tf.Tensor, sample_weight: Optional[Any],
                     in_mask: Optional[tf.Tensor]) -> tf.Tensor:
@@ -182,15 +181,7 @@ class CustomLoss(keras.losses.Loss):
         return tf.not_equal(labels, tf.cast(self.ignore_class, labels.dtype))
 
     def call(self, y_true: tf.Tensor, y_pred: tf.Tensor) -> tf.Tensor:
-        logits = y_pred if self.from_logits else tf.math.log(y_pred)
-        losses = custom_loss(
-            y_true,
-            logits,
-            gamma=self.gamma,
-            label_smoothing=self.label_smoothing,
-            class_weights=self.class_weights,
-            ignore_class=self.ignore_class,
-        )
+        losses = custom_loss(y_true, self._logits(y_pred), **self._loss_options())
         mask = self._ignored_mask(y_true, losses)
         if mask is not None:
             _set_keras_mask(losses, mask)
