@@ -17,17 +17,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import platform
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "msl_host"))
-import msl_build  # noqa: E402  (the tests' one choice of C++ compiler: $CXX, else g++)
+from cpu_checks import BUILDS, REPO_ROOT, build_check
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 SOURCE = REPO_ROOT / "tests" / "cpu_math" / "shared_math_check.cc"
 
 # Relative difference allowed between the vector and the scalar terms where the vector formula
@@ -35,18 +31,6 @@ SOURCE = REPO_ROOT / "tests" / "cpu_math" / "shared_math_check.cc"
 VECTOR_REL = 2e-6
 # Kahan's expm1 / log1p, in float ulps ("a few ulps" in the header). Measured: 2.05 and 2.41.
 KAHAN_ULP = 3.0
-
-BUILDS = ["baseline"]
-if platform.machine() in ("x86_64", "AMD64"):
-    BUILDS.append("avx2")
-
-
-def _cpu_has_avx2() -> bool:
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return all(f" {flag}" in flags for flag in ("avx2", "fma", "f16c"))
 
 
 def _tensorflow_include() -> str:
@@ -58,18 +42,9 @@ def _tensorflow_include() -> str:
 
 @pytest.fixture(scope="module", params=BUILDS)
 def results(request, tmp_path_factory) -> dict:
-    build = request.param
-    if build == "avx2" and not _cpu_has_avx2():
-        pytest.skip("this CPU lacks AVX2/FMA/F16C, so the kernels never run the AVX2 build")
-    binary = tmp_path_factory.mktemp(f"shared_math_{build}") / "check"
-    # -ffp-contract=off as setup.py builds the library.
-    flags = ["-O2", "-std=c++17", "-Wall", "-Wno-psabi", "-ffp-contract=off", f"-I{REPO_ROOT}",
-             f"-I{_tensorflow_include()}"]
-    if build == "avx2":
-        flags.append("-DCHECK_AVX2")
-    compiled = subprocess.run([msl_build.cxx(), *flags, "-o", str(binary), str(SOURCE)],
-                              capture_output=True, text=True, check=False)
-    assert compiled.returncode == 0, compiled.stderr[-3000:]
+    binary = build_check(SOURCE, request.param,
+                         tmp_path_factory.mktemp(f"shared_math_{request.param}"),
+                         [f"-I{_tensorflow_include()}"])
     ran = subprocess.run([str(binary), str(VECTOR_REL), str(KAHAN_ULP)], capture_output=True,
                          text=True, timeout=600, check=False)
     assert ran.returncode == 0, ran.stderr[-3000:]

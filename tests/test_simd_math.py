@@ -10,48 +10,22 @@ tolerance of 2e-5, which a much worse function would still meet.
 from __future__ import annotations
 
 import json
-import platform
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "msl_host"))
-import msl_build  # noqa: E402  (the tests' one choice of C++ compiler: $CXX, else g++)
+from cpu_checks import BUILDS, REPO_ROOT, build_check
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 SOURCE = REPO_ROOT / "tests" / "cpu_math" / "simd_math_check.cc"
 
 # Largest error in float32 ulps, as documented in simd_vector.h.
 MAX_ULP = {"exp": 1.0, "log": 1.9, "log1p": 4.0, "expm1": 4.0}
 
-BUILDS = ["baseline"]
-if platform.machine() in ("x86_64", "AMD64"):
-    BUILDS.append("avx2")
-
-
-def _cpu_has_avx2() -> bool:
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return all(f" {flag}" in flags for flag in ("avx2", "fma", "f16c"))
-
 
 @pytest.fixture(scope="module", params=BUILDS)
 def results(request, tmp_path_factory) -> dict:
-    build = request.param
-    if build == "avx2" and not _cpu_has_avx2():
-        pytest.skip("this CPU lacks AVX2/FMA/F16C, so the kernels never run the AVX2 build")
-    binary = tmp_path_factory.mktemp(f"simd_math_{build}") / "check"
-    # -ffp-contract=off as setup.py builds the library: only the spelled-out Fma calls fuse.
-    flags = ["-O2", "-std=c++17", "-Wall", "-Wno-psabi", "-ffp-contract=off", f"-I{REPO_ROOT}"]
-    if build == "avx2":
-        flags.append("-DCHECK_AVX2")
-    compiled = subprocess.run([msl_build.cxx(), *flags, "-o", str(binary), str(SOURCE)],
-                              capture_output=True, text=True, check=False)
-    assert compiled.returncode == 0, compiled.stderr[-3000:]
+    binary = build_check(SOURCE, request.param, tmp_path_factory.mktemp(
+        f"simd_math_{request.param}"))
     # The checker's default sample: every 256th bit pattern.
     ran = subprocess.run([str(binary)], capture_output=True, text=True, timeout=600,
                          check=False)
