@@ -49,6 +49,10 @@ std::string OpDescription(const CustomLossAttrs& attrs) {
   return std::string(op) + " (node '" + attrs.node_name + "')";
 }
 
+namespace {
+// Reads and checks the attributes (gamma >= 0 and finite, 0 <= label_smoothing <= 1, the label
+// dtype matches the logits dtype when labels are dense): every backend's create calls it
+// through CreateKernel below.
 Error ReadAttrs(TF_OpKernelConstruction* ctx, Direction direction, CustomLossAttrs* attrs) {
   StatusPtr status = NewStatus();
   attrs->direction = direction;
@@ -100,7 +104,6 @@ Error ReadAttrs(TF_OpKernelConstruction* ctx, Direction direction, CustomLossAtt
   return Error::Ok();
 }
 
-namespace {
 void* CreateKernel(TF_OpKernelConstruction* ctx, Direction direction) {
   auto attrs = std::make_unique<CustomLossAttrs>();
   if (Error e = ReadAttrs(ctx, direction, attrs.get()); !e.ok()) {

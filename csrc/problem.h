@@ -93,10 +93,6 @@ struct CustomLossInputs {
   TensorPtr row_scales;  // forward op only: logits.shape[:-1], or [0]
 };
 
-// Reads and checks the attributes (gamma >= 0 and finite, 0 <= label_smoothing <= 1, the label
-// dtype matches the logits dtype when labels are dense). Called from every backend's create.
-Error ReadAttrs(TF_OpKernelConstruction* ctx, Direction direction, CustomLossAttrs* attrs);
-
 // The state every backend's kernel keeps between calls is its attributes, read once when
 // TensorFlow constructs the kernel. These are the create and delete functions of
 // TF_NewKernelBuilder for every backend; Compute receives a CustomLossAttrs*. On bad attributes
