@@ -31,18 +31,9 @@
 
 namespace {
 
-std::vector<char> read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::vector<char>(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
-bool write_file(const std::string& path, const void* data, size_t bytes) {
-  std::ofstream out(path, std::ios::binary);
-  out.write(static_cast<const char*>(data), static_cast<std::streamsize>(bytes));
-  return static_cast<bool>(out);
-}
-
-size_t dtype_bytes(int32_t dtype) { return dtype == 0 ? 4 : 2; }
+using msl_host::DtypeBytes;
+using msl_host::ReadFileBytes;
+using msl_host::WriteFileBytes;
 
 // The few driver calls the case runner needs beyond cuda_driver.cc (same library, same context).
 struct Memory {
@@ -85,13 +76,13 @@ int run_case(const Memory& m, const std::string& dir) {
   TfmoEmuCase c = msl_host::ReadCaseFile(dir);  // the buffers are filled in below
 
   DeviceArray logits, labels, weights, upstream, output, record;
-  bool ok = upload(m, read_file(dir + "/logits.bin"), &logits) &&
-            upload(m, read_file(dir + "/labels.bin"), &labels) &&
-            upload(m, read_file(dir + "/class_weights.bin"), &weights) &&
-            upload(m, read_file(dir + "/upstream.bin"), &upstream);
+  bool ok = upload(m, ReadFileBytes(dir + "/logits.bin"), &logits) &&
+            upload(m, ReadFileBytes(dir + "/labels.bin"), &labels) &&
+            upload(m, ReadFileBytes(dir + "/class_weights.bin"), &weights) &&
+            upload(m, ReadFileBytes(dir + "/upstream.bin"), &upstream);
   const size_t out_elements =
       static_cast<size_t>(c.num_rows) * (c.direction == 1 ? static_cast<size_t>(c.num_classes) : 1);
-  output.bytes = out_elements * dtype_bytes(c.dtype);
+  output.bytes = out_elements * DtypeBytes(c.dtype);
   record.bytes = 32;
   ok = ok && m.alloc(&output.ptr, output.bytes + 1) == CUDA_SUCCESS &&
        m.set(output.ptr, 0x7B, output.bytes + 1) == CUDA_SUCCESS &&
@@ -129,8 +120,8 @@ int run_case(const Memory& m, const std::string& dir) {
        << r.threads_per_threadgroup[0] << "\nthreadgroup_memory " << r.threadgroup_memory_length
        << "\nthreads_per_row " << r.threads_per_row << "\nrows_per_threadgroup "
        << r.rows_per_threadgroup << "\ndispatched " << r.dispatched << "\n";
-  if (!write_file(dir + "/output.bin", out.data(), out.size()) ||
-      !write_file(dir + "/error_record.bin", words.data(), words.size())) {
+  if (!WriteFileBytes(dir + "/output.bin", out.data(), out.size()) ||
+      !WriteFileBytes(dir + "/error_record.bin", words.data(), words.size())) {
     std::cerr << dir << ": cannot write the outputs\n";
     return 1;
   }
@@ -156,7 +147,7 @@ int run_synthetic(const Memory& m, int64_t n, int64_t c, int32_t dtype) {
     return static_cast<float>((state * 0x2545F4914F6CDD1Dull) >> 40) * (1.0f / 16777216.0f);
   };
   const size_t elements = static_cast<size_t>(n) * static_cast<size_t>(c);
-  const size_t es = dtype_bytes(dtype);
+  const size_t es = DtypeBytes(dtype);
   std::vector<char> logits(elements * es);
   for (size_t i = 0; i < elements; ++i) {
     // Irwin-Hall: the sum of 4 uniforms, centred and scaled to sd 2.

@@ -1,18 +1,36 @@
 // What the emulator's driver and the CUDA driver (tests/msl_cuda/) both make of one case: the
-// case directory's case.txt (`key value` lines, written by msl_build.write_case_dir) as a
-// TfmoEmuCase, and a TfmoEmuCase as the gpu::LaunchDesc the macOS encoder would plan.
+// case directory's files (case.txt's `key value` lines and the raw .bin arrays, written by
+// msl_build.write_case_dir), a TfmoEmuCase as the gpu::LaunchDesc the macOS encoder would plan,
+// and the plan as the TfmoEmuResult reports it.
 #ifndef TF_METAL_OPS_TESTS_MSL_HOST_CUSTOM_LOSS_CASE_H_
 #define TF_METAL_OPS_TESTS_MSL_HOST_CUSTOM_LOSS_CASE_H_
 
+#include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "csrc/launch_plan.h"
 #include "tests/msl_host/custom_loss_driver.h"
 
 namespace msl_host {
+
+inline std::vector<char> ReadFileBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::vector<char>(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+inline bool WriteFileBytes(const std::string& path, const void* data, size_t bytes) {
+  std::ofstream out(path, std::ios::binary);
+  out.write(static_cast<const char*>(data), static_cast<std::streamsize>(bytes));
+  return static_cast<bool>(out);
+}
+
+// Bytes per element of a case's logits dtype (gpu::LogitsDtype: 0 float32, else 16 bits).
+inline size_t DtypeBytes(int32_t dtype) { return dtype == 0 ? 4 : 2; }
 
 // Absent keys take the defaults below (those of a forward float32 case on a 32-wide GPU).
 inline TfmoEmuCase ReadCaseFile(const std::string& dir) {
@@ -61,6 +79,20 @@ inline tf_metal_ops::gpu::LaunchDesc LaunchDescOf(const TfmoEmuCase& c) {
   desc.has_ignore_class = c.has_ignore_class != 0;
   desc.ignore_class = c.ignore_class;
   return desc;
+}
+
+// The plan's kernel, geometry and binding count, as the result reports them.
+inline void ReportPlan(const tf_metal_ops::gpu::LaunchPlan& plan, TfmoEmuResult* result) {
+  std::snprintf(result->kernel_name, sizeof(result->kernel_name), "%s", plan.kernel_name.c_str());
+  result->variant = static_cast<int32_t>(plan.variant);
+  for (int i = 0; i < 3; ++i) {
+    result->threadgroups_per_grid[i] = plan.threadgroups_per_grid[i];
+    result->threads_per_threadgroup[i] = plan.threads_per_threadgroup[i];
+  }
+  result->threadgroup_memory_length = plan.threadgroup_memory_length;
+  result->threads_per_row = plan.params.threads_per_row;
+  result->rows_per_threadgroup = plan.params.rows_per_threadgroup;
+  result->num_bindings = static_cast<uint32_t>(plan.bindings.size());
 }
 
 }  // namespace msl_host

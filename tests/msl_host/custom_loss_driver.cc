@@ -42,16 +42,7 @@ extern "C" int tfmo_emu_run(const TfmoEmuCase* c, TfmoEmuResult* result) {
     copy_text(result->error, sizeof(result->error), "plan: KernelName() != plan.kernel_name");
     return 0;
   }
-  copy_text(result->kernel_name, sizeof(result->kernel_name), plan.kernel_name);
-  result->variant = static_cast<int32_t>(plan.variant);
-  for (int i = 0; i < 3; ++i) {
-    result->threadgroups_per_grid[i] = plan.threadgroups_per_grid[i];
-    result->threads_per_threadgroup[i] = plan.threads_per_threadgroup[i];
-  }
-  result->threadgroup_memory_length = plan.threadgroup_memory_length;
-  result->threads_per_row = plan.params.threads_per_row;
-  result->rows_per_threadgroup = plan.params.rows_per_threadgroup;
-  result->num_bindings = static_cast<uint32_t>(plan.bindings.size());
+  msl_host::ReportPlan(plan, result);
 
   // Bind by role at the plan's indices, as the encoder does.
   CustomLossParams params = plan.params;  // what setBytes would copy

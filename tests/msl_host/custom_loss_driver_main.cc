@@ -27,29 +27,20 @@
 
 namespace {
 
-std::vector<char> read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::vector<char>(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
-bool write_file(const std::string& path, const void* data, size_t bytes) {
-  std::ofstream out(path, std::ios::binary);
-  out.write(static_cast<const char*>(data), static_cast<std::streamsize>(bytes));
-  return static_cast<bool>(out);
-}
-
-size_t dtype_bytes(int32_t dtype) { return dtype == 0 ? 4 : 2; }
+using msl_host::DtypeBytes;
+using msl_host::ReadFileBytes;
+using msl_host::WriteFileBytes;
 
 int run_case(const std::string& dir) {
   TfmoEmuCase c = msl_host::ReadCaseFile(dir);  // the buffers are filled in below
 
-  std::vector<char> logits = read_file(dir + "/logits.bin");
-  std::vector<char> labels = read_file(dir + "/labels.bin");
-  std::vector<char> weights = read_file(dir + "/class_weights.bin");
-  std::vector<char> upstream = read_file(dir + "/upstream.bin");
+  std::vector<char> logits = ReadFileBytes(dir + "/logits.bin");
+  std::vector<char> labels = ReadFileBytes(dir + "/labels.bin");
+  std::vector<char> weights = ReadFileBytes(dir + "/class_weights.bin");
+  std::vector<char> upstream = ReadFileBytes(dir + "/upstream.bin");
   const size_t out_elements =
       static_cast<size_t>(c.num_rows) * (c.direction == 1 ? static_cast<size_t>(c.num_classes) : 1);
-  std::vector<char> output(out_elements * dtype_bytes(c.dtype) + 1);
+  std::vector<char> output(out_elements * DtypeBytes(c.dtype) + 1);
   std::vector<uint32_t> record(8, 0);
   c.logits = logits.data();
   c.labels = labels.data();
@@ -66,8 +57,8 @@ int run_case(const std::string& dir) {
   }
   std::cout << "kernel " << r.kernel_name << " threadgroups " << r.threadgroups_per_grid[0] << "x"
             << r.threadgroups_per_grid[1] << " threads " << r.threads_per_threadgroup[0] << "\n";
-  if (!write_file(dir + "/output.bin", output.data(), out_elements * dtype_bytes(c.dtype)) ||
-      !write_file(dir + "/error_record.bin", record.data(), record.size() * 4)) {
+  if (!WriteFileBytes(dir + "/output.bin", output.data(), out_elements * DtypeBytes(c.dtype)) ||
+      !WriteFileBytes(dir + "/error_record.bin", record.data(), record.size() * 4)) {
     std::cerr << "error: cannot write the outputs\n";
     return 1;
   }
