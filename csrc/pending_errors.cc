@@ -29,8 +29,27 @@ constexpr char kDeferredNote[] =
     " (found by the GPU after the op had returned, so reported at the next CustomLoss op or "
     "tf_metal_ops.debug.check_errors(); commit-and-wait mode raises it at the op itself)";
 
-}  // namespace
+// Records `error` (not OK) unless an error is already pending; returns true if it was kept.
+bool RecordPendingError(const Error& error) {
+  if (error.ok()) return false;
+  std::lock_guard<std::mutex> lock(PendingMutex());
+  Error& pending = Pending();
+  if (!pending.ok()) {
+    ++dropped;
+    return false;
+  }
+  pending = error;
+  dropped = 0;
+  has_pending.store(true, std::memory_order_release);
+  return true;
+}
 
+// The error a completed kernel's record describes, or OK when it saw no bad label. The text is
+// BadLabelError's for the row and label the record holds, so it matches the CPU kernel's for a
+// batch with one bad label; a note says when it was found and, when the record's claimed row is
+// not the lowest bad one (several bad rows), which row that is and how many there were. Unlike
+// commit-and-wait mode, no label is read back from the GPU: the handler runs after the plugin
+// may have reused the labels' memory.
 Error DeferredBadLabelError(const CustomLossProblem& problem, const CustomLossErrorRecord& record) {
   if (!CustomLossErrorRecordHasError(record)) return Error::Ok();
   const int64_t row = record.words[TFMO_ERROR_DETAIL_ROW];
@@ -46,6 +65,8 @@ Error DeferredBadLabelError(const CustomLossProblem& problem, const CustomLossEr
   return error;
 }
 
+}  // namespace
+
 bool ReportCompletedErrorRecord(const CustomLossProblem& problem, const void* bytes, size_t size) {
   if (bytes == nullptr || size != sizeof(CustomLossErrorRecord)) {
     RecordPendingError(Error::Internal(
@@ -59,20 +80,6 @@ bool ReportCompletedErrorRecord(const CustomLossProblem& problem, const void* by
   Error error = DeferredBadLabelError(problem, record);
   if (error.ok()) return false;
   RecordPendingError(error);
-  return true;
-}
-
-bool RecordPendingError(const Error& error) {
-  if (error.ok()) return false;
-  std::lock_guard<std::mutex> lock(PendingMutex());
-  Error& pending = Pending();
-  if (!pending.ok()) {
-    ++dropped;
-    return false;
-  }
-  pending = error;
-  dropped = 0;
-  has_pending.store(true, std::memory_order_release);
   return true;
 }
 

@@ -26,21 +26,10 @@
 
 namespace tf_metal_ops {
 
-// The error a completed kernel's record describes, or OK when it saw no bad label. The text is
-// BadLabelError's for the row and label the record holds, so it matches the CPU kernel's for a
-// batch with one bad label; a note says when it was found and, when the record's claimed row is
-// not the lowest bad one (several bad rows), which row that is and how many there were. Unlike
-// commit-and-wait mode, no label is read back from the GPU: the handler runs after the plugin
-// may have reused the labels' memory.
-Error DeferredBadLabelError(const CustomLossProblem& problem, const CustomLossErrorRecord& record);
-
 // The completion handler's work: reads `size` bytes of a record (sizeof(CustomLossErrorRecord),
 // else an Internal error is recorded: a layout mismatch must not pass silently) for the op
 // described by `problem`, and records the error it holds, if any. Returns true when it held one.
 bool ReportCompletedErrorRecord(const CustomLossProblem& problem, const void* bytes, size_t size);
-
-// Records `error` (not OK) unless an error is already pending; returns true if it was kept.
-bool RecordPendingError(const Error& error);
 
 // True when an error is pending: one atomic load, cheap enough for every op execution.
 bool HasPendingError();

@@ -12,6 +12,13 @@ namespace tf_metal_ops {
 namespace metal {
 namespace {
 
+// Joins with exactly one '/'.
+std::string JoinPath(const std::string& directory, const std::string& name) {
+  if (directory.empty()) return name;
+  if (directory.back() == '/') return directory + name;
+  return directory + "/" + name;
+}
+
 bool IsReadableFile(const std::string& path) {
   std::ifstream file(path, std::ios::binary);
   return file.good();
@@ -107,12 +114,6 @@ std::string DirectoryOf(const std::string& path) {
   if (slash == std::string::npos) return ".";
   if (slash == 0) return "/";
   return path.substr(0, slash);
-}
-
-std::string JoinPath(const std::string& directory, const std::string& name) {
-  if (directory.empty()) return name;
-  if (directory.back() == '/') return directory + name;
-  return directory + "/" + name;
 }
 
 KernelFiles FindKernelFiles(const std::string& native_library_dir) {

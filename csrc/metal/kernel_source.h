@@ -47,8 +47,6 @@ bool AssembleKernelSource(const std::string& path, std::string* source, std::str
 
 // "a/b/c.so" -> "a/b"; "c.so" -> "."; "/c.so" -> "/".
 std::string DirectoryOf(const std::string& path);
-// Joins with exactly one '/'.
-std::string JoinPath(const std::string& directory, const std::string& name);
 
 }  // namespace metal
 }  // namespace tf_metal_ops
