@@ -92,7 +92,7 @@ sanitizer=$(command -v compute-sanitizer || ls "$cuda_home"/bin/compute-sanitize
   "$cuda_home"/compute-sanitizer/compute-sanitizer 2>/dev/null | head -1)
 : >"$out/sanitizers.txt"
 for tool in memcheck racecheck synccheck initcheck; do
-  rm -f "$cases"/*/output.bin
+  rm -f "$cases"/*/output.bin "$cases"/*/row_stats_out.bin "$cases"/*/scaled_gradient.bin
   start=$(date +%s)
   timeout "${SANITIZER_TIMEOUT:-120}" "${sanitizer:-compute-sanitizer}" --tool "$tool" --error-exitcode 99 \
     "$work/tfmo_cuda_main" cases "$cubin" "$cases"/*/ >"$work/$tool.txt" 2>&1
