@@ -83,7 +83,7 @@ grep -q ', 0 failed' "$out/correctness.txt" || status=1
 tail -2 "$out/correctness.txt" | tee -a "$log"
 
 note "timing"
-timeout "${BENCH_TIMEOUT:-300}" python3 "$here/gpu_bench.py" "$work/libtfmo_cuda.so" "$cubin" "$out/bench.json" 2>&1 |
+timeout "${BENCH_TIMEOUT:-600}" python3 "$here/gpu_bench.py" "$work/libtfmo_cuda.so" "$cubin" "$out/bench.json" 2>&1 |
   tail -25 | tee -a "$log" || status=1
 [ -s "$out/bench.json" ] || status=1
 
