@@ -20,7 +20,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import tf_metal_ops
 from portable_isa import run_on_portable_isa
 from raw_ops import NO_WEIGHTS, awkward_inputs, forward, gradient
 from tf_metal_ops.losses import CustomLoss
