@@ -108,7 +108,6 @@ def timing_table(bench: dict) -> list:
         for path, m in (("old", ""), ("stats", "_stats"), ("reduced", "_reduced")):
             cells = [r.get(f"ours{s}{m}_{e}") for s in ("", "_smooth")
                      for e in ("loss_max_rel_err", "grad_max_err_rel_to_max")]
-            cells = [cells[0], cells[1], cells[2], cells[3]]
             lines.append(f"| {r['n']} x {r['c']} | {r['dtype']} | {path} | "
                          + " | ".join("-" if v is None else f"{v:.1e}" for v in cells) + " |")
     errors = [f"{r['n']}x{r['c']} {r['dtype']} {k}: {v}" for r in bench["rows"]
