@@ -454,6 +454,49 @@ def test_emulated_row_stats_make_the_gradient_skip_the_logits_it_does_not_need(e
     assert np.allclose(ratio[off_label], np.exp(-1.0), rtol=1e-5)
 
 
+@pytest.mark.parametrize("num_classes", [300, 40])
+@pytest.mark.parametrize("options", ["plain", "smoothed", "focal", "dense"])
+def test_emulated_row_stats_and_the_cpu_kernels_take_each_others(emu, options, num_classes):
+    """The Metal forward's row_stats are the CPU forward's (same definition), so either
+    backend's gradient can take the other's: each gradient given the other backend's stats
+    agrees with itself given its own."""
+    import tensorflow as tf  # noqa: PLC0415 (the CPU op; the rest of this file needs no TF)
+    from raw_ops import NO_WEIGHTS, forward, gradient  # noqa: PLC0415
+
+    label_kind, gamma, eps, _, _ = FUSED_OPTIONS[options]
+    n, c = 16, num_classes
+    rng = _rng("cpu-stats", options, c)
+    logits = rng.normal(0.0, 3.0, (n, c)).astype(np.float32)
+    labels = _labels(label_kind, rng, n, c)
+    labels = (labels.astype(np.float32) if label_kind == "dense"
+              else labels.astype(np.int32 if label_kind == "int32" else np.int64))
+    upstream = rng.uniform(0.5, 2.0, n).astype(np.float32)
+    common = dict(logits=logits, labels=labels, label_kind=label_kind, gamma=gamma,
+                  label_smoothing=eps)
+    metal = emu.run(direction="forward", row_stats=True, **common)
+    assert metal.ok, metal.error
+    attrs = dict(gamma=gamma, label_smoothing=eps, has_ignore_class=False, ignore_class=0)
+    _, cpu_stats, _ = forward(tf.constant(logits), tf.constant(labels), **attrs)
+    cpu_stats = cpu_stats.numpy()
+    assert cpu_stats.shape == metal.row_stats.shape
+    assert np.array_equal(cpu_stats[:, 0], metal.row_stats[:, 0])
+    np.testing.assert_allclose(metal.row_stats[:, 1:], cpu_stats[:, 1:], rtol=2e-6, atol=1e-7)
+
+    def cpu_gradient(stats):
+        return gradient(tf.constant(logits), tf.constant(labels), NO_WEIGHTS,
+                        tf.constant(upstream), tf.constant(stats), **attrs).numpy()
+
+    def metal_gradient(stats):
+        run = emu.run(direction="gradient", upstream=upstream, row_stats=stats, **common)
+        assert run.ok, run.error
+        return run.output
+
+    scale = np.abs(cpu_gradient(cpu_stats)).max()
+    for own, other in ((cpu_gradient(cpu_stats), cpu_gradient(metal.row_stats)),
+                       (metal_gradient(metal.row_stats), metal_gradient(cpu_stats))):
+        np.testing.assert_allclose(other, own, rtol=2e-5, atol=5e-6 * scale)
+
+
 # ------------------------------------------------------------------------------------------
 # Every kernel the plan can name exists, and plan <-> kernel signatures agree
 # ------------------------------------------------------------------------------------------
