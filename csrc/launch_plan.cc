@@ -21,8 +21,9 @@ constexpr int64_t kThreadgroupValuesPerThread = 4;
 // Threads per threadgroup of the lane-group variant: 8 SIMD-groups, several threadgroups per core.
 constexpr uint32_t kLaneGroupThreadgroupSize = 256;
 // Floats of threadgroup scratch per SIMD-group in the row-per-threadgroup kernels: the partial
-// (max, ties, others) triple of the log-sum-exp and one partial sum of the second reduction.
-constexpr uint32_t kScratchFloatsPerSimdGroup = 4;
+// (max, ties, others) triple of the log-sum-exp and the partial sums of the second reduction
+// (two: the loss and G, in a forward that writes the scaled gradient).
+constexpr uint32_t kScratchFloatsPerSimdGroup = 5;
 
 bool IsPowerOfTwo(uint64_t x) { return x != 0 && (x & (x - 1)) == 0; }
 
@@ -74,6 +75,8 @@ std::string CheckDesc(const LaunchDesc& d) {
   if (!(d.gamma >= 0.0f) || std::isinf(d.gamma)) return "gamma must be finite and >= 0";
   if (!(d.label_smoothing >= 0.0f && d.label_smoothing <= 1.0f))
     return "label_smoothing must be in [0, 1]";
+  if (d.has_row_scales && d.direction != Direction::kForward)
+    return "row_scales belong to the forward kernel";
   return "";
 }
 
@@ -88,6 +91,9 @@ const char* BufferRoleName(BufferRole role) {
     case BufferRole::kErrorRecord: return "error_record";
     case BufferRole::kOutput: return "output";
     case BufferRole::kUpstream: return "upstream";
+    case BufferRole::kRowScales: return "row_scales";
+    case BufferRole::kRowStats: return "row_stats";
+    case BufferRole::kScaledGradient: return "scaled_gradient";
   }
   return "?";
 }
@@ -152,6 +158,8 @@ LaunchPlan PlanLaunch(const LaunchDesc& desc, const PipelineLimits& limits) {
   p.smooth_on = static_cast<float>(1.0 - static_cast<double>(desc.label_smoothing));
   p.smooth_off = static_cast<float>(static_cast<double>(desc.label_smoothing) / static_cast<double>(c));
   p.variant = static_cast<tfmo_u32>(plan.variant);
+  p.has_row_stats = desc.has_row_stats ? 1u : 0u;
+  p.has_row_scales = desc.has_row_scales ? 1u : 0u;
 
   uint64_t threads = 0;
   uint64_t groups = 0;  // threadgroups needed (before folding into x, y)
@@ -198,7 +206,15 @@ LaunchPlan PlanLaunch(const LaunchDesc& desc, const PipelineLimits& limits) {
                            static_cast<uint32_t>(sizeof(CustomLossParams))});
   bind(TFMO_BUFFER_ERROR_RECORD, BufferRole::kErrorRecord);
   bind(TFMO_BUFFER_OUTPUT, BufferRole::kOutput);
-  if (desc.direction == Direction::kGradient) bind(TFMO_BUFFER_UPSTREAM, BufferRole::kUpstream);
+  // Every kernel of a direction takes the same buffers, used or not (the params say which).
+  if (desc.direction == Direction::kGradient) {
+    bind(TFMO_BUFFER_UPSTREAM, BufferRole::kUpstream);
+    bind(TFMO_BUFFER_ROW_STATS, BufferRole::kRowStats);
+  } else {
+    bind(TFMO_BUFFER_ROW_SCALES, BufferRole::kRowScales);
+    bind(TFMO_BUFFER_ROW_STATS, BufferRole::kRowStats);
+    bind(TFMO_BUFFER_SCALED_GRADIENT, BufferRole::kScaledGradient);
+  }
 
   plan.dispatch = n > 0;
   plan.ok = true;

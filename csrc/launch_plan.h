@@ -59,7 +59,14 @@ enum class BufferRole : int32_t {
   kErrorRecord = 4,  // a CustomLossErrorRecord in shared storage, InitCustomLossErrorRecord'ed
   kOutput = 5,       // the output tensor: loss [N] or d logits [N, C]
   kUpstream = 6,     // gradient only: the upstream gradient [N]
+  kRowScales = 7,    // forward only: row_scales float [N]; not read when has_row_scales is false
+                     // (bind a stand-in then, as for class_weights)
+  kRowStats = 8,     // row_stats float [N, 3]: written by the forward, read by the gradient,
+                     // when has_row_stats (else not touched: bind a stand-in)
+  kScaledGradient = 9,  // forward only: the scaled gradient [N, C]; not written when
+                        // has_row_scales is false (bind a stand-in then)
 };
+inline constexpr int kNumBufferRoles = 10;
 const char* BufferRoleName(BufferRole role);
 
 struct BufferBinding {
@@ -81,6 +88,10 @@ struct LaunchDesc {
   bool has_ignore_class = false;
   int64_t ignore_class = 0;
   KernelVariant variant = KernelVariant::kAuto;
+  // Forward: write row_stats. Gradient: read them instead of a log-sum-exp pass.
+  bool has_row_stats = false;
+  // Forward only: row_scales are given; write the scaled gradient beside the loss.
+  bool has_row_scales = false;
 };
 
 // From the pipeline state: maxTotalThreadsPerThreadgroup and threadExecutionWidth (the SIMD

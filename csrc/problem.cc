@@ -259,6 +259,20 @@ Error AllocateRowStats(TF_OpKernelContext* ctx, const CustomLossProblem& problem
   return FromStatus(status.get(), OpDescription(problem.attrs) + ": allocating row_stats");
 }
 
+Error AllocateScaledGradient(TF_OpKernelContext* ctx, const CustomLossProblem& problem,
+                             TensorPtr* out) {
+  const std::vector<int64_t>& dims = problem.logits_dims;
+  int64_t elements = 1;
+  for (int64_t d : dims) elements *= d;
+  StatusPtr status = NewStatus();
+  out->reset(TF_AllocateOutput(ctx, kScaledGradientOutput, problem.attrs.logits_dtype, dims.data(),
+                               static_cast<int>(dims.size()),
+                               static_cast<size_t>(elements) *
+                                   TF_DataTypeSize(problem.attrs.logits_dtype),
+                               status.get()));
+  return FromStatus(status.get(), OpDescription(problem.attrs) + ": allocating scaled_gradient");
+}
+
 Error AllocateNoScaledGradient(TF_OpKernelContext* ctx, const CustomLossProblem& problem) {
   const int64_t dims[] = {0};
   StatusPtr status = NewStatus();

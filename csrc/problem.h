@@ -41,9 +41,11 @@ enum OutputIndex : int {
 // plain or smoothed cross-entropy gradient in one pass over the row. The gradient is the same
 // bit for bit as without them, except where the CPU forward computed rows in groups
 // (cpu/simd_row_groups.h: its vector log1p may end log_sum an ulp or two away) and the
-// gradient did not, between the two kernels' class limits. A backend that does not produce
-// them returns [0, kRowStatsWidth] (the CPU's float64 kernel, the Metal kernels for now), and
-// the gradient then computes them itself.
+// gradient did not, between the two kernels' class limits. The Metal kernels write and read
+// the same three numbers (kernels/custom_loss.h: a Metal gradient takes max and log_sum from
+// them and skips its log-sum-exp pass), so either backend's gradient can take the other's. A
+// backend that does not produce them returns [0, kRowStatsWidth] (the CPU's float64 kernel),
+// and the gradient then computes them itself.
 inline constexpr int64_t kRowStatsWidth = 3;
 
 // The scaled gradient of a reduced loss (Liger-Kernel's rule): a loss reduced to
@@ -53,8 +55,9 @@ inline constexpr int64_t kRowStatsWidth = 3;
 // s_i * d loss_i / d z_i as its third output (the logits' shape and dtype) while each row's
 // softmax is at hand, so a training step computes exp(z - max) once per element; the backward
 // only multiplies it by U (tf_metal_ops/ops.py). Given row_scales of shape [0] (per-example
-// losses), or where a backend does not make it (the float64 CPU kernel, the Metal kernels for
-// now), that output is [0] and the gradient op computes the gradient as usual.
+// losses), or where a backend does not make it (the float64 CPU kernel), that output is [0]
+// and the gradient op computes the gradient as usual. The Metal forward writes it in the pass
+// that would be the gradient kernel's last (kernels/custom_loss.h).
 
 enum class LabelKind : int32_t { kSparseInt32 = 0, kSparseInt64 = 1, kDense = 2 };
 enum class Direction : int32_t { kForward = 0, kGradient = 1 };
@@ -127,6 +130,12 @@ Error AllocateOutput(TF_OpKernelContext* ctx, const CustomLossProblem& problem, 
 // them (`filled`), else [0, kRowStatsWidth].
 Error AllocateRowStats(TF_OpKernelContext* ctx, const CustomLossProblem& problem, bool filled,
                        TensorPtr* out);
+
+// Allocates the forward op's scaled gradient with the logits' shape and dtype (a new buffer, never
+// the logits': the GPU kernels read and write a row from several threads without a barrier
+// between the last read and the first write).
+Error AllocateScaledGradient(TF_OpKernelContext* ctx, const CustomLossProblem& problem,
+                             TensorPtr* out);
 
 // Allocates the forward op's scaled gradient with shape [0]: without row_scales, and for
 // backends and dtypes that do not make one.

@@ -7,9 +7,11 @@
 // What a row computes, and why each formula is written as it is, is derived in
 // custom_loss_math.h, the scalar math these kernels share with the CPU's scalar paths. Here: how
 // a row's threads share the work. The gradient kernel writes upstream[row] * dloss/dz_j: the
-// incoming per-row gradient is folded in, and everything is recomputed from the logits (no
-// N x C intermediate is saved). All arithmetic is in float, whatever T is; loads convert, stores
-// round once.
+// incoming per-row gradient is folded in, and what it needs is recomputed from the logits (no
+// N x C intermediate is saved), except the row's max and log-sum when the forward's row_stats
+// are given. A forward given row_scales also writes row_scales[row] * dloss/dz_j (a reduced
+// loss's gradient, csrc/problem.h) while the row's softmax is at hand. All arithmetic is in
+// float, whatever T is; loads convert, stores round once.
 //
 // The two variants (chosen on the host by csrc/launch_plan.cc from C):
 // - rowtg   (C > 256): one row per threadgroup. Each thread strides over the row; partial
@@ -189,18 +191,20 @@ inline uint row_status(const device LabelT* labels, uint row, constant CustomLos
   return TFMO_ROW_VALID;
 }
 
-// w_c = a_c q_c, q_c = (1 - eps) t_c + eps / C.
+// w_c = a_c q_c, q_c = (1 - eps) t_c + eps / C. a_c is read only where q_c != 0 (one class of a
+// sparse row without smoothing): a_c * 0 = 0 for the finite, non-negative weights the op
+// accepts, and the other classes' weights stay unread.
 template <typename LabelT, bool kDense>
 inline float class_weight(const device LabelT* labels, ulong row_base, long label, uint c,
                           const device float* class_weights, constant CustomLossParams& params) {
-  const float a = params.has_class_weights != 0u ? class_weights[c] : 1.0f;
   float q;
   if (kDense) {
     q = params.smooth_on * float(labels[row_base + c]) + params.smooth_off;
   } else {
     q = (long(c) == label ? params.smooth_on : 0.0f) + params.smooth_off;
   }
-  return a * q;
+  if (params.has_class_weights == 0u || q == 0.0f) return q;
+  return class_weights[c] * q;
 }
 
 // Only class y carries weight (sparse labels, eps == 0): the row's sum is one term, and no
@@ -232,7 +236,7 @@ inline void record_bad_label(device atomic_uint* record, uint row, long label) {
 // Reduce: how the row's threads combine (threadgroup or lane group); see the two below.
 
 struct ThreadgroupReduce {
-  threadgroup float* scratch;  // 4 floats per SIMD-group (see csrc/launch_plan.cc)
+  threadgroup float* scratch;  // 5 floats per SIMD-group (see csrc/launch_plan.cc)
   uint lane;
   uint sg_index;
   uint sg_count;
@@ -255,11 +259,25 @@ struct ThreadgroupReduce {
     return lse_simd_reduce(part);
   }
 
-  float sum(float x) const {  // its own quarter of the scratch: no barrier needed before it
+  float sum(float x) const {  // its own part of the scratch: no barrier needed before it
     x = simd_sum(x);
     if (lane == 0u) scratch[3u * sg_count + sg_index] = x;
     threadgroup_barrier(mem_flags::mem_threadgroup);
     return simd_sum(lane < sg_count ? scratch[3u * sg_count + lane] : 0.0f);
+  }
+
+  // Two sums behind one barrier (a forward that writes the gradient too); each is bitwise what
+  // sum() gives it.
+  void sum2(float x, float y, thread float& x_total, thread float& y_total) const {
+    x = simd_sum(x);
+    y = simd_sum(y);
+    if (lane == 0u) {
+      scratch[3u * sg_count + sg_index] = x;
+      scratch[4u * sg_count + sg_index] = y;
+    }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    x_total = simd_sum(lane < sg_count ? scratch[3u * sg_count + lane] : 0.0f);
+    y_total = simd_sum(lane < sg_count ? scratch[4u * sg_count + lane] : 0.0f);
   }
 };
 
@@ -267,63 +285,133 @@ struct LaneGroupReduce {
   uint lanes;
   LseState lse(LseState s) const { return lse_group_reduce(s, lanes); }
   float sum(float x) const { return group_sum(x, lanes); }
+  void sum2(float x, float y, thread float& x_total, thread float& y_total) const {
+    x_total = group_sum(x, lanes);
+    y_total = group_sum(y, lanes);
+  }
 };
 
-template <typename T, typename LabelT, bool kDense, bool kGradient, typename Reduce>
+// The per-row state handed from a forward to a gradient (csrc/problem.h's row_stats): the
+// row's log-softmax and 1 / sum_c exp(z_c - max), as the CPU kernels write them. An ignored or
+// bad row has (0, 0, 0).
+inline void write_row_stats(device float* stats, uint row, LseState s, RowLse ls) {
+  const ulong at = ulong(row) * 3ul;
+  float inv_sum = 1.0f / (s.ties + s.others);
+  if (s.max == INFINITY) inv_sum = NAN;  // no softmax (lse_finish's log_sum is NaN too)
+  stats[at] = ls.max;
+  stats[at + 1ul] = ls.log_sum;
+  stats[at + 2ul] = inv_sum;
+}
+
+inline RowLse read_row_stats(const device float* stats, uint row) {
+  const ulong at = ulong(row) * 3ul;
+  RowLse ls;
+  ls.max = stats[at];
+  ls.log_sum = stats[at + 1ul];
+  return ls;
+}
+
+// One class's d loss / d z_j from its log-probability, weight and the row's G. A class without
+// weight has g_j = 0, where p_j (G - g_j) - g_j r_j is p_j G (up to the sign of a zero): r_j,
+// an exp, a log and a division (expm1_nonpositive), is only computed where it counts, which for
+// sparse labels without smoothing is one class of the row.
+inline float class_gradient(float lp, float w, float gamma, float big_g) {
+  if (w == 0.0f) return math::exp(lp) * big_g;
+  return gradient_value(gradient_parts(lp, w, gamma), big_g);
+}
+
+// The passes over a row, each reading its logits once:
+//   1. log-sum-exp (skipped by a gradient given row_stats),
+//   2. the row's sums: -loss (forward) and G (gradient, or a forward that writes the scaled
+//      gradient); one element when a single class carries weight,
+//   3. the gradient (gradient kernel; forward given row_scales: the scaled gradient).
+// Plain cross-entropy thus reads each logit once in the forward and once (plus one write) in a
+// gradient given row_stats; a forward given row_scales reads it twice and writes the gradient.
+// `grad_scales` holds the per-row factor of pass 3: upstream (T, gradient) or row_scales (float).
+template <typename T, typename LabelT, bool kDense, bool kGradient, typename ScaleT,
+          typename Reduce>
 inline void process_row(const device T* logits, const device LabelT* labels,
                         const device float* class_weights, constant CustomLossParams& params,
-                        device atomic_uint* error_record, device T* out, const device T* upstream,
-                        uint row, uint first, uint stride, bool leader, Reduce reduce) {
+                        device atomic_uint* error_record, device T* out,
+                        const device ScaleT* grad_scales, device float* stats_out,
+                        const device float* stats_in, device T* grad_out, uint row, uint first,
+                        uint stride, bool leader, Reduce reduce) {
   const uint num_classes = params.num_classes;
   const ulong base = ulong(row) * ulong(num_classes);
+  // Uniform over the dispatch, so every branch on them is taken by all of a row's threads.
+  const bool with_stats = params.has_row_stats != 0u;
+  const bool want_loss = !kGradient;
+  const bool want_gradient = kGradient || params.has_row_scales != 0u;
   long label;
   const uint status = row_status<LabelT, kDense>(labels, row, params, label);
   if (status != TFMO_ROW_VALID) {  // uniform over the row: its threads leave together
     const float fill = status == TFMO_ROW_IGNORED ? 0.0f : NAN;
     if (status == TFMO_ROW_BAD_LABEL && leader) record_bad_label(error_record, row, label);
-    if (kGradient) {
-      for (uint c = first; c < num_classes; c += stride) out[base + c] = T(fill);
-    } else if (leader) {
+    if (want_gradient) {
+      for (uint c = first; c < num_classes; c += stride) grad_out[base + c] = T(fill);
+    }
+    if (want_loss && leader) {
       out[row] = T(fill);
+      if (with_stats) {
+        const ulong at = ulong(row) * 3ul;
+        stats_out[at] = 0.0f;
+        stats_out[at + 1ul] = 0.0f;
+        stats_out[at + 2ul] = 0.0f;
+      }
     }
     return;
   }
 
   // Pass 1: log-sum-exp of the row.
-  LogSumExpPartial partial = lse_partial_empty();
-  for (uint c = first; c < num_classes; c += stride) lse_add(partial, float(logits[base + c]));
-  const RowLse ls = lse_finish(reduce.lse(lse_settle(partial)));
+  RowLse ls;
+  if (kGradient && with_stats) {
+    ls = read_row_stats(stats_in, row);
+  } else {
+    LogSumExpPartial partial = lse_partial_empty();
+    for (uint c = first; c < num_classes; c += stride) lse_add(partial, float(logits[base + c]));
+    const LseState state = reduce.lse(lse_settle(partial));
+    ls = lse_finish(state);
+    if (!kGradient && with_stats && leader) write_row_stats(stats_out, row, state, ls);
+  }
   const float gamma = params.gamma;
 
-  // Pass 2: the row's sum: -loss = sum_c w_c r_c^gamma lp_c (forward) or G = sum_c g_c.
-  float total;
+  // Pass 2: the row's sums, -loss = sum_c w_c r_c^gamma lp_c and G = sum_c g_c, as needed.
+  float loss_total = 0.0f;
+  float big_g = 0.0f;
   if (single_weighted_class<kDense>(params)) {
     const uint y = uint(label);
     const float w = class_weight<LabelT, kDense>(labels, base, label, y, class_weights, params);
     const float lp = log_prob(ls, float(logits[base + y]));
-    total = kGradient ? gradient_term(lp, w, gamma) : loss_term(lp, w, gamma);
+    if (want_loss) loss_total = loss_term(lp, w, gamma);
+    if (want_gradient) big_g = gradient_term(lp, w, gamma);
   } else {
-    CompensatedSum acc = compensated_zero();
+    CompensatedSum loss_acc = compensated_zero();
+    CompensatedSum g_acc = compensated_zero();
     for (uint c = first; c < num_classes; c += stride) {
       const float w = class_weight<LabelT, kDense>(labels, base, label, c, class_weights, params);
       if (w == 0.0f) continue;
       const float lp = log_prob(ls, float(logits[base + c]));
-      compensated_add(acc, kGradient ? gradient_term(lp, w, gamma) : loss_term(lp, w, gamma));
+      if (want_loss) compensated_add(loss_acc, loss_term(lp, w, gamma));
+      if (want_gradient) compensated_add(g_acc, gradient_term(lp, w, gamma));
     }
-    total = reduce.sum(compensated_value(acc));
+    if (want_loss && want_gradient) {
+      reduce.sum2(compensated_value(loss_acc), compensated_value(g_acc), loss_total, big_g);
+    } else if (want_loss) {
+      loss_total = reduce.sum(compensated_value(loss_acc));
+    } else {
+      big_g = reduce.sum(compensated_value(g_acc));
+    }
   }
 
-  if (!kGradient) {
-    if (leader) out[row] = T(0.0f - total);  // 0 - 0 = +0: no -0 loss (as the reference)
-    return;
-  }
+  if (want_loss && leader) out[row] = T(0.0f - loss_total);  // 0 - 0 = +0: no -0 loss
+  if (!want_gradient) return;
 
-  // Pass 3 (gradient): d logits_j = upstream * (p_j G - g_j).
-  const float up = float(upstream[row]);
+  // Pass 3: d logits_j = scale * (p_j G - g_j), scale = upstream[row] or row_scales[row].
+  const float scale = float(grad_scales[row]);
   for (uint c = first; c < num_classes; c += stride) {
     const float lp = log_prob(ls, float(logits[base + c]));
     const float w = class_weight<LabelT, kDense>(labels, base, label, c, class_weights, params);
-    out[base + c] = T(up * gradient_value(gradient_parts(lp, w, gamma), total));
+    grad_out[base + c] = T(scale * class_gradient(lp, w, gamma, big_g));
   }
 }
 
@@ -331,13 +419,26 @@ inline void process_row(const device T* logits, const device LabelT* labels,
 // Buffer arguments in index order (custom_loss_params.h); then the threadgroup scratch (rowtg
 // only); then TFMO_KERNEL_THREAD_ARGS.
 
-template <typename T, typename LabelT, bool kDense, bool kGradient>
-inline void row_per_threadgroup(const device T* logits, const device LabelT* labels,
-                                const device float* class_weights,
-                                constant CustomLossParams& params, device atomic_uint* error_record,
-                                device T* out, const device T* upstream, threadgroup float* scratch,
-                                uint2 tg_pos, uint2 tg_count, uint2 tg_size, uint tid, uint lane,
-                                uint sg_index, uint sg_count) {
+// The buffers of one launch, as process_row takes them. Forward: `out` is the loss, `scales` the
+// row_scales, `stats_out` the row_stats it writes, `grad_out` the scaled gradient. Gradient:
+// `out` = `grad_out` is d logits, `scales` the upstream, `stats_in` the row_stats it reads.
+template <typename T, typename LabelT, typename ScaleT>
+struct RowBuffers {
+  const device T* logits;
+  const device LabelT* labels;
+  const device float* class_weights;
+  device atomic_uint* error_record;
+  device T* out;
+  const device ScaleT* scales;
+  device float* stats_out;
+  const device float* stats_in;
+  device T* grad_out;
+};
+
+template <typename T, typename LabelT, bool kDense, bool kGradient, typename ScaleT>
+inline void row_per_threadgroup(RowBuffers<T, LabelT, ScaleT> b, constant CustomLossParams& params,
+                                threadgroup float* scratch, uint2 tg_pos, uint2 tg_count,
+                                uint2 tg_size, uint tid, uint lane, uint sg_index, uint sg_count) {
   const uint row = tg_pos.y * tg_count.x + tg_pos.x;
   if (row >= params.num_rows) return;  // padding of a folded grid: the whole threadgroup
   ThreadgroupReduce reduce;
@@ -345,16 +446,15 @@ inline void row_per_threadgroup(const device T* logits, const device LabelT* lab
   reduce.lane = lane;
   reduce.sg_index = sg_index;
   reduce.sg_count = sg_count;
-  process_row<T, LabelT, kDense, kGradient>(logits, labels, class_weights, params, error_record,
-                                            out, upstream, row, tid, tg_size.x, tid == 0u, reduce);
+  process_row<T, LabelT, kDense, kGradient>(b.logits, b.labels, b.class_weights, params,
+                                            b.error_record, b.out, b.scales, b.stats_out,
+                                            b.stats_in, b.grad_out, row, tid, tg_size.x,
+                                            tid == 0u, reduce);
 }
 
-template <typename T, typename LabelT, bool kDense, bool kGradient>
-inline void row_per_lane_group(const device T* logits, const device LabelT* labels,
-                               const device float* class_weights,
-                               constant CustomLossParams& params, device atomic_uint* error_record,
-                               device T* out, const device T* upstream, uint2 tg_pos,
-                               uint2 tg_count, uint tid) {
+template <typename T, typename LabelT, bool kDense, bool kGradient, typename ScaleT>
+inline void row_per_lane_group(RowBuffers<T, LabelT, ScaleT> b, constant CustomLossParams& params,
+                               uint2 tg_pos, uint2 tg_count, uint tid) {
   const uint lanes = params.threads_per_row;  // power of two dividing the SIMD width
   const uint group = tid / lanes;
   const uint sub = tid % lanes;
@@ -362,8 +462,46 @@ inline void row_per_lane_group(const device T* logits, const device LabelT* labe
   if (row >= params.num_rows) return;  // the whole lane group: its shuffles stay inside it
   LaneGroupReduce reduce;
   reduce.lanes = lanes;
-  process_row<T, LabelT, kDense, kGradient>(logits, labels, class_weights, params, error_record,
-                                            out, upstream, row, sub, lanes, sub == 0u, reduce);
+  process_row<T, LabelT, kDense, kGradient>(b.logits, b.labels, b.class_weights, params,
+                                            b.error_record, b.out, b.scales, b.stats_out,
+                                            b.stats_in, b.grad_out, row, sub, lanes, sub == 0u,
+                                            reduce);
+}
+
+template <typename T, typename LabelT>
+inline RowBuffers<T, LabelT, float> forward_buffers(
+    const device T* logits, const device LabelT* labels, const device float* class_weights,
+    device atomic_uint* error_record, device T* loss, const device float* row_scales,
+    device float* row_stats, device T* scaled_gradient) {
+  RowBuffers<T, LabelT, float> b;
+  b.logits = logits;
+  b.labels = labels;
+  b.class_weights = class_weights;
+  b.error_record = error_record;
+  b.out = loss;
+  b.scales = row_scales;
+  b.stats_out = row_stats;
+  b.stats_in = row_stats;  // not read by a forward
+  b.grad_out = scaled_gradient;
+  return b;
+}
+
+template <typename T, typename LabelT>
+inline RowBuffers<T, LabelT, T> gradient_buffers(
+    const device T* logits, const device LabelT* labels, const device float* class_weights,
+    device atomic_uint* error_record, device T* grad_logits, const device T* upstream,
+    const device float* row_stats) {
+  RowBuffers<T, LabelT, T> b;
+  b.logits = logits;
+  b.labels = labels;
+  b.class_weights = class_weights;
+  b.error_record = error_record;
+  b.out = grad_logits;
+  b.scales = upstream;
+  b.stats_out = nullptr;  // a gradient writes no row_stats
+  b.stats_in = row_stats;
+  b.grad_out = grad_logits;
+  return b;
 }
 
 template <typename T, typename LabelT, bool kDense>
@@ -374,11 +512,15 @@ template <typename T, typename LabelT, bool kDense>
     constant CustomLossParams& params [[buffer(TFMO_BUFFER_PARAMS)]],
     device atomic_uint* error_record [[buffer(TFMO_BUFFER_ERROR_RECORD)]],
     device T* loss [[buffer(TFMO_BUFFER_OUTPUT)]],
+    const device float* row_scales [[buffer(TFMO_BUFFER_ROW_SCALES)]],
+    device float* row_stats [[buffer(TFMO_BUFFER_ROW_STATS)]],
+    device T* scaled_gradient [[buffer(TFMO_BUFFER_SCALED_GRADIENT)]],
     threadgroup float* scratch TFMO_THREADGROUP_ARG(TFMO_THREADGROUP_SCRATCH),
     TFMO_KERNEL_THREAD_ARGS) {
-  row_per_threadgroup<T, LabelT, kDense, false>(logits, labels, class_weights, params,
-                                                error_record, loss, loss, scratch, tg_pos,
-                                                tg_count, tg_size, tid, lane, sg_index, sg_count);
+  row_per_threadgroup<T, LabelT, kDense, false>(
+      forward_buffers(logits, labels, class_weights, error_record, loss, row_scales, row_stats,
+                      scaled_gradient),
+      params, scratch, tg_pos, tg_count, tg_size, tid, lane, sg_index, sg_count);
 }
 
 template <typename T, typename LabelT, bool kDense>
@@ -390,11 +532,13 @@ template <typename T, typename LabelT, bool kDense>
     device atomic_uint* error_record [[buffer(TFMO_BUFFER_ERROR_RECORD)]],
     device T* grad_logits [[buffer(TFMO_BUFFER_OUTPUT)]],
     const device T* upstream [[buffer(TFMO_BUFFER_UPSTREAM)]],
+    const device float* row_stats [[buffer(TFMO_BUFFER_ROW_STATS)]],
     threadgroup float* scratch TFMO_THREADGROUP_ARG(TFMO_THREADGROUP_SCRATCH),
     TFMO_KERNEL_THREAD_ARGS) {
-  row_per_threadgroup<T, LabelT, kDense, true>(logits, labels, class_weights, params, error_record,
-                                               grad_logits, upstream, scratch, tg_pos, tg_count,
-                                               tg_size, tid, lane, sg_index, sg_count);
+  row_per_threadgroup<T, LabelT, kDense, true>(
+      gradient_buffers(logits, labels, class_weights, error_record, grad_logits, upstream,
+                       row_stats),
+      params, scratch, tg_pos, tg_count, tg_size, tid, lane, sg_index, sg_count);
 }
 
 template <typename T, typename LabelT, bool kDense>
@@ -405,9 +549,14 @@ template <typename T, typename LabelT, bool kDense>
     constant CustomLossParams& params [[buffer(TFMO_BUFFER_PARAMS)]],
     device atomic_uint* error_record [[buffer(TFMO_BUFFER_ERROR_RECORD)]],
     device T* loss [[buffer(TFMO_BUFFER_OUTPUT)]],
+    const device float* row_scales [[buffer(TFMO_BUFFER_ROW_SCALES)]],
+    device float* row_stats [[buffer(TFMO_BUFFER_ROW_STATS)]],
+    device T* scaled_gradient [[buffer(TFMO_BUFFER_SCALED_GRADIENT)]],
     TFMO_KERNEL_THREAD_ARGS) {
-  row_per_lane_group<T, LabelT, kDense, false>(logits, labels, class_weights, params,
-                                               error_record, loss, loss, tg_pos, tg_count, tid);
+  row_per_lane_group<T, LabelT, kDense, false>(
+      forward_buffers(logits, labels, class_weights, error_record, loss, row_scales, row_stats,
+                      scaled_gradient),
+      params, tg_pos, tg_count, tid);
 }
 
 template <typename T, typename LabelT, bool kDense>
@@ -419,9 +568,12 @@ template <typename T, typename LabelT, bool kDense>
     device atomic_uint* error_record [[buffer(TFMO_BUFFER_ERROR_RECORD)]],
     device T* grad_logits [[buffer(TFMO_BUFFER_OUTPUT)]],
     const device T* upstream [[buffer(TFMO_BUFFER_UPSTREAM)]],
+    const device float* row_stats [[buffer(TFMO_BUFFER_ROW_STATS)]],
     TFMO_KERNEL_THREAD_ARGS) {
-  row_per_lane_group<T, LabelT, kDense, true>(logits, labels, class_weights, params, error_record,
-                                              grad_logits, upstream, tg_pos, tg_count, tid);
+  row_per_lane_group<T, LabelT, kDense, true>(
+      gradient_buffers(logits, labels, class_weights, error_record, grad_logits, upstream,
+                       row_stats),
+      params, tg_pos, tg_count, tid);
 }
 
 }  // namespace tfmo

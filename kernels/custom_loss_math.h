@@ -105,13 +105,18 @@ inline Acc quiet_nan() { return std::numeric_limits<Acc>::quiet_NaN(); }
 // rounding error of u (Kahan). u == 1: |x| is below half an ulp of 1, expm1(x) = x.
 // u - 1 == -1: exp(x) is negligible next to 1 (x < -17 in float, or x = -inf).
 // Defined for every backend (the CPU tests check it against libm); only Metal calls it.
+// The same, given u = exp(x) already computed (the gradient has it: p = exp(lp)), bitwise equal.
 template <typename Acc>
-inline Acc expm1_nonpositive(Acc x) {
-  const Acc u = exp(x);
+inline Acc expm1_nonpositive_given_exp(Acc x, Acc u) {
   if (u == Acc(1)) return x;
   const Acc um1 = u - Acc(1);
   if (um1 == Acc(-1)) return Acc(-1);
   return um1 * (x / log(u));
+}
+
+template <typename Acc>
+inline Acc expm1_nonpositive(Acc x) {
+  return expm1_nonpositive_given_exp(x, exp(x));
 }
 
 // log1p(x) for finite x >= 0 (or NaN), same correction: u = 1 + x rounded, log(u) * x / (u - 1).
@@ -145,6 +150,18 @@ inline double log1p(double x) { return std::log1p(x); }
 template <typename Acc>
 inline Acc one_minus_p(Acc lp) {
   return lp != lp ? lp : -math::expm1(lp);
+}
+
+// The same given p = exp(lp): on Metal, whose expm1 starts from exp(lp), that exponential is p
+// itself (bitwise the same r, one exp fewer per class); elsewhere libm's expm1.
+template <typename Acc>
+inline Acc one_minus_p_given_p(Acc lp, Acc p) {
+#if defined(__METAL__)
+  return lp != lp ? lp : -math::expm1_nonpositive_given_exp(lp, p);
+#else
+  (void)p;
+  return one_minus_p(lp);
+#endif
 }
 
 // r^gamma with 0^0 = 1 and 0^gamma = 0 (gamma > 0); r is in [0, 1] or NaN.
@@ -182,7 +199,8 @@ inline Acc focal_gradient_factor(Acc lp, Acc p, Acc r, Acc gamma) {
 template <typename Acc>
 inline Acc focal_gradient_factor(Acc lp, Acc gamma) {
   if (gamma == Acc(0)) return Acc(1);
-  return focal_gradient_factor(lp, math::exp(lp), one_minus_p(lp), gamma);
+  const Acc p = math::exp(lp);
+  return focal_gradient_factor(lp, p, one_minus_p_given_p(lp, p), gamma);
 }
 
 // w r^gamma lp: one class's term of -loss. 0 when w == 0, even for lp = -inf.
@@ -212,7 +230,7 @@ template <typename Acc>
 inline GradientParts<Acc> gradient_parts_given(Acc lp, Acc g) {
   GradientParts<Acc> out;
   out.p = math::exp(lp);
-  out.r = one_minus_p(lp);
+  out.r = one_minus_p_given_p(lp, out.p);
   out.g = g;
   return out;
 }

@@ -33,7 +33,15 @@ typedef int64_t tfmo_i64;
 #define TFMO_BUFFER_PARAMS 3         // constant CustomLossParams (setBytes)
 #define TFMO_BUFFER_ERROR_RECORD 4   // CustomLossErrorRecord, shared storage, host-initialized
 #define TFMO_BUFFER_OUTPUT 5         // T[N] loss (forward) or T[N, C] d logits (gradient)
-#define TFMO_BUFFER_UPSTREAM 6       // const T[N], gradient kernels only
+#define TFMO_BUFFER_UPSTREAM 6       // gradient kernels: const T[N], the upstream gradient
+#define TFMO_BUFFER_ROW_SCALES 6     // forward kernels: const float[N], the reduced loss's s_i;
+                                     // read when has_row_scales (the same per-row factor of a
+                                     // gradient as UPSTREAM, so the same index)
+#define TFMO_BUFFER_ROW_STATS 7      // float[N, 3] (max, log_sum, 1/sum; csrc/problem.h): the
+                                     // forward writes them, the gradient reads them, when
+                                     // has_row_stats
+#define TFMO_BUFFER_SCALED_GRADIENT 8  // forward kernels: T[N, C], row_scales[i] * d loss_i / d z_i,
+                                       // written when has_row_scales
 // [[threadgroup(i)]] index of the reduction scratch of the row-per-threadgroup kernels.
 #define TFMO_THREADGROUP_SCRATCH 0
 
@@ -55,6 +63,9 @@ struct CustomLossParams {
   tfmo_u32 threads_per_row;    // lanes per row: the threadgroup size (rowtg), or a power of two
                                // <= the SIMD width (rowsimd)
   tfmo_u32 rows_per_threadgroup;  // 1 (rowtg) or threadgroup size / threads_per_row (rowsimd)
+  tfmo_u32 has_row_stats;   // forward: write row_stats; gradient: take max and log_sum from them
+                            // instead of a log-sum-exp pass over the row
+  tfmo_u32 has_row_scales;  // forward only: also write the scaled gradient (needs row_scales)
 };
 
 // Written by the kernels when a sparse label is outside [0, C) and is not ignore_class; read by
@@ -83,7 +94,7 @@ struct CustomLossErrorRecord {
 };
 
 #ifndef __METAL__
-static_assert(sizeof(CustomLossParams) == 48, "CustomLossParams layout changed: update the kernels");
+static_assert(sizeof(CustomLossParams) == 56, "CustomLossParams layout changed: update the kernels");
 static_assert(offsetof(CustomLossParams, num_rows) == 0, "layout");
 static_assert(offsetof(CustomLossParams, num_classes) == 4, "layout");
 static_assert(offsetof(CustomLossParams, gamma) == 8, "layout");
@@ -95,6 +106,8 @@ static_assert(offsetof(CustomLossParams, smooth_on) == 32, "layout");
 static_assert(offsetof(CustomLossParams, smooth_off) == 36, "layout");
 static_assert(offsetof(CustomLossParams, threads_per_row) == 40, "layout");
 static_assert(offsetof(CustomLossParams, rows_per_threadgroup) == 44, "layout");
+static_assert(offsetof(CustomLossParams, has_row_stats) == 48, "layout");
+static_assert(offsetof(CustomLossParams, has_row_scales) == 52, "layout");
 static_assert(sizeof(float) == 4, "float must be IEEE binary32");
 static_assert(sizeof(CustomLossErrorRecord) == 32, "CustomLossErrorRecord layout changed");
 

@@ -362,6 +362,142 @@ def test_emulated_fibers_and_os_threads_agree_bitwise(emu, ref):
 
 
 # ------------------------------------------------------------------------------------------
+# Row statistics from the forward, and the forward that writes a reduced loss's gradient
+# ------------------------------------------------------------------------------------------
+
+# (label kind, gamma, label smoothing, class weights?, ignore_class?)
+FUSED_OPTIONS = {
+    "plain": ("int32", 0.0, 0.0, False, False),
+    "smoothed": ("int32", 0.0, 0.1, False, False),
+    "focal": ("int64", 2.0, 0.0, False, True),
+    "weighted": ("int32", 0.0, 0.0, True, False),
+    "focal_smoothed_weighted": ("int64", 0.5, 0.2, True, True),
+    "dense": ("dense", 1.0, 0.1, False, False),
+}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("variant, num_classes", [("rowtg", 1000), ("rowsimd", 33),
+                                                  ("rowtg", 5), ("rowsimd", 1)])
+@pytest.mark.parametrize("options", sorted(FUSED_OPTIONS))
+def test_emulated_row_stats_and_scaled_gradient(emu, ref, dtype, variant, num_classes, options):
+    """The forward's row_stats hold (max, log_sum, 1/sum) as the CPU's do; the gradient given
+    them is bitwise the gradient that found them itself; the forward given row_scales writes
+    row_scales * d loss / d z beside a loss bitwise equal to the plain forward's."""
+    label_kind, gamma, eps, weighted, ignored = FUSED_OPTIONS[options]
+    n, c = 12, num_classes
+    rng = _rng("fused", dtype, variant, c, options)
+    logits = rng.normal(0.0, 3.0, (n, c))
+    logits[1, 0] = 12.0  # a confident row (the reference still resolves 1 - p)
+    labels = _labels(label_kind, rng, n, c)
+    ignore_class = None
+    if ignored:
+        ignore_class = int(labels[3])
+    weights = rng.uniform(0.2, 2.0, c).astype(np.float32) if weighted else None
+    z_store = mb.storage(logits, dtype)
+    z = mb.as_float64(z_store, dtype)
+    if label_kind == "dense":
+        y_store = mb.storage(labels, dtype)
+        y_ref = mb.as_float64(y_store, dtype)
+    else:
+        y_store = np.ascontiguousarray(labels, np.int32 if label_kind == "int32" else np.int64)
+        y_ref = y_store
+    kw = dict(gamma=gamma, label_smoothing=eps, class_weights=weights, ignore_class=ignore_class)
+    common = dict(logits=z_store, labels=y_store, dtype=dtype, label_kind=label_kind,
+                  variant=variant, **kw)
+    scales = rng.uniform(0.1, 2.0, n).astype(np.float32)
+    upstream = mb.storage(scales, dtype)
+
+    plain = emu.run(direction="forward", **common)
+    fused = emu.run(direction="forward", row_stats=True, row_scales=scales, **common)
+    assert plain.ok and fused.ok, plain.error + fused.error
+    assert np.array_equal(plain.raw_output, fused.raw_output)  # the loss does not change
+    stats = fused.row_stats
+    valid = np.ones(n, bool) if ignore_class is None else labels != ignore_class
+    assert (stats[~valid] == 0).all()
+    shifted = np.exp(z[valid] - z[valid].max(axis=1, keepdims=True)).sum(axis=1)
+    assert np.array_equal(stats[valid, 0], z[valid].max(axis=1).astype(np.float32))
+    assert np.allclose(stats[valid, 1], np.log(shifted), rtol=1e-6, atol=1e-7)
+    assert np.allclose(stats[valid, 2], 1.0 / shifted, rtol=1e-6)
+
+    found = emu.run(direction="gradient", upstream=upstream, **common)
+    given = emu.run(direction="gradient", upstream=upstream, row_stats=stats, **common)
+    assert found.ok and given.ok, found.error + given.error
+    assert np.array_equal(found.raw_output, given.raw_output, equal_nan=True)
+    tag = f"{options} [{fused.kernel_name}]"
+    expected = ref.custom_loss_grad(y_ref, z, upstream=scales.astype(np.float64), **kw)
+    assert_grad_close(fused.scaled_gradient, expected, dtype, tag + " scaled gradient")
+    if dtype == "float32":  # the same scale in both: the same bits
+        assert np.array_equal(fused.scaled_gradient, found.output)
+
+
+def test_emulated_row_stats_make_the_gradient_skip_the_logits_it_does_not_need(emu):
+    """Given row_stats, a plain cross-entropy gradient never needs the row's maximum: a
+    logits buffer whose entries all changed by a constant gives the same gradient only if the
+    kernel took max and log_sum from the stats (the log-sum-exp pass would shift them)."""
+    rng = _rng("skip")
+    n, c = 4, 300
+    logits = rng.normal(0.0, 1.0, (n, c)).astype(np.float32)
+    labels = rng.integers(0, c, n).astype(np.int32)
+    fwd = emu.run(direction="forward", logits=logits, labels=labels, row_stats=True)
+    stats = fwd.row_stats.copy()
+    up = np.ones(n, np.float32)
+    base = emu.run(direction="gradient", logits=logits, labels=labels, upstream=up,
+                   row_stats=stats)
+    stats[:, 0] += 1.0  # as if every logit had been 1 larger in the forward
+    moved = emu.run(direction="gradient", logits=logits, labels=labels, upstream=up,
+                    row_stats=stats)
+    # p_j = exp(z_j - max - log_sum): one less in the exponent, e times smaller
+    ratio = moved.output / base.output
+    off_label = np.ones((n, c), bool)
+    off_label[np.arange(n), labels] = False
+    assert np.allclose(ratio[off_label], np.exp(-1.0), rtol=1e-5)
+
+
+@pytest.mark.parametrize("num_classes", [300, 40])
+@pytest.mark.parametrize("options", ["plain", "smoothed", "focal", "dense"])
+def test_emulated_row_stats_and_the_cpu_kernels_take_each_others(emu, options, num_classes):
+    """The Metal forward's row_stats are the CPU forward's (same definition), so either
+    backend's gradient can take the other's: each gradient given the other backend's stats
+    agrees with itself given its own."""
+    import tensorflow as tf  # noqa: PLC0415 (the CPU op; the rest of this file needs no TF)
+    from raw_ops import NO_WEIGHTS, forward, gradient  # noqa: PLC0415
+
+    label_kind, gamma, eps, _, _ = FUSED_OPTIONS[options]
+    n, c = 16, num_classes
+    rng = _rng("cpu-stats", options, c)
+    logits = rng.normal(0.0, 3.0, (n, c)).astype(np.float32)
+    labels = _labels(label_kind, rng, n, c)
+    labels = (labels.astype(np.float32) if label_kind == "dense"
+              else labels.astype(np.int32 if label_kind == "int32" else np.int64))
+    upstream = rng.uniform(0.5, 2.0, n).astype(np.float32)
+    common = dict(logits=logits, labels=labels, label_kind=label_kind, gamma=gamma,
+                  label_smoothing=eps)
+    metal = emu.run(direction="forward", row_stats=True, **common)
+    assert metal.ok, metal.error
+    attrs = dict(gamma=gamma, label_smoothing=eps, has_ignore_class=False, ignore_class=0)
+    _, cpu_stats, _ = forward(tf.constant(logits), tf.constant(labels), **attrs)
+    cpu_stats = cpu_stats.numpy()
+    assert cpu_stats.shape == metal.row_stats.shape
+    assert np.array_equal(cpu_stats[:, 0], metal.row_stats[:, 0])
+    np.testing.assert_allclose(metal.row_stats[:, 1:], cpu_stats[:, 1:], rtol=2e-6, atol=1e-7)
+
+    def cpu_gradient(stats):
+        return gradient(tf.constant(logits), tf.constant(labels), NO_WEIGHTS,
+                        tf.constant(upstream), tf.constant(stats), **attrs).numpy()
+
+    def metal_gradient(stats):
+        run = emu.run(direction="gradient", upstream=upstream, row_stats=stats, **common)
+        assert run.ok, run.error
+        return run.output
+
+    scale = np.abs(cpu_gradient(cpu_stats)).max()
+    for own, other in ((cpu_gradient(cpu_stats), cpu_gradient(metal.row_stats)),
+                       (metal_gradient(metal.row_stats), metal_gradient(cpu_stats))):
+        np.testing.assert_allclose(other, own, rtol=2e-5, atol=5e-6 * scale)
+
+
+# ------------------------------------------------------------------------------------------
 # Every kernel the plan can name exists, and plan <-> kernel signatures agree
 # ------------------------------------------------------------------------------------------
 
@@ -383,11 +519,13 @@ def test_msl_launch_plan_geometry_and_bindings(emu):
         assert run.ok, run.error
         return run
 
+    common = ["logits", "labels", "class_weights", "params", "error_record", "output"]
     fwd = plan(10, 50)
-    assert fwd.bindings == ["logits", "labels", "class_weights", "params", "error_record",
-                            "output"]
+    assert fwd.bindings == common + ["row_scales", "row_stats", "scaled_gradient"]
     grad = plan(10, 50, "gradient")
-    assert grad.bindings == fwd.bindings + ["upstream"]
+    assert grad.bindings == common + ["upstream", "row_stats"]
+    # A threadgroup per row: 5 floats of scratch per SIMD-group (the loss and G side by side).
+    assert plan(10, 1000).threadgroup_memory_length == 256 // 32 * 5 * 4
     # C <= 256: lane groups; above: a threadgroup per row.
     assert plan(10, 256).variant == "rowsimd" and plan(10, 257).variant == "rowtg"
     assert plan(10, 256).threadgroup_memory_length == 0

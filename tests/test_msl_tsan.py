@@ -114,3 +114,39 @@ def test_msl_tsan_accepts_the_synchronized_version(tsan_program):
     assert "ThreadSanitizer" not in result.stderr, result.stderr[-3000:]
     assert result.returncode == 0
     assert [float(v) for v in result.stdout.split()] == [64.0, 64.0]
+
+
+@pytest.mark.parametrize("variant, label_kind, max_threads", [("rowtg", "int32", 96),
+                                                              ("rowsimd", "int64", 64)])
+def test_msl_tsan_forward_writing_the_gradient_has_no_race(tsan_program, ref, tmp_path, variant,
+                                                           label_kind, max_threads):
+    """The forward that also writes row_stats and the scaled gradient (two sums behind one
+    barrier in rowtg), under ThreadSanitizer, with a bad label among the rows."""
+    n, c = 5, 300 if variant == "rowtg" else 40
+    rng = np.random.default_rng(n * 7 + c)
+    logits = rng.normal(0.0, 2.0, (n, c)).astype(np.float32)
+    labels = rng.integers(0, c, n).astype(np.int32 if label_kind == "int32" else np.int64)
+    ref_labels = labels.copy()
+    labels[2] = c + 3
+    ref_labels[2] = 0
+    scales = rng.uniform(0.5, 2.0, n).astype(np.float32)
+    case = tmp_path / "case"
+    mb.write_case_dir(case, dict(
+        num_rows=n, num_classes=c, dtype=0, label_kind=mb.LABEL_KINDS[label_kind], direction=0,
+        variant=mb.VARIANTS[variant], gamma=1.5, label_smoothing=0.1, max_threads=max_threads,
+        simd_width=32, executor=1, max_concurrent_threadgroups=4, has_row_stats=1,
+        has_row_scales=1), dict(logits=logits, labels=labels, row_scales=scales))
+    result = _run(tsan_program, "case", str(case))
+    assert "ThreadSanitizer" not in result.stderr, result.stderr[-6000:]
+    assert result.returncode == 0, result.stderr[-3000:]
+    loss = np.fromfile(case / "output.bin", dtype=np.float32).astype(np.float64)
+    grad = np.fromfile(case / "scaled_gradient.bin", dtype=np.float32).reshape(n, c)
+    stats = np.fromfile(case / "row_stats_out.bin", dtype=np.float32).reshape(n, 3)
+    kw = dict(gamma=1.5, label_smoothing=0.1)
+    z = logits.astype(np.float64)
+    good = np.arange(n) != 2
+    assert np.allclose(loss[good], ref.custom_loss(ref_labels, z, **kw)[good], rtol=2e-5)
+    expected = ref.custom_loss_grad(ref_labels, z, upstream=scales.astype(np.float64), **kw)
+    assert np.allclose(grad[good], expected[good], rtol=2e-5, atol=1e-6)
+    assert np.isnan(loss[2]) and np.isnan(grad[2]).all() and (stats[2] == 0).all()
+    assert np.allclose(stats[good, 0], z[good].max(axis=1))

@@ -20,7 +20,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import tf_metal_ops
 from portable_isa import run_on_portable_isa
 from raw_ops import NO_WEIGHTS, awkward_inputs, forward, gradient
 from tf_metal_ops.losses import CustomLoss
@@ -192,12 +191,10 @@ def test_a_scale_after_the_reduction_multiplies_the_gradient():
 
 def test_training_runs_no_gradient_op_where_the_forward_made_the_gradient():
     labels, logits = _inputs()
-    # Where only CPU kernels can run the forward (no Metal kernel registered), no gradient op
-    # at all: the backward holds no logits for a fallback (which would keep them alive and
-    # stop the forward from writing the gradient over them). With Metal kernels, one inside
-    # the fallback branch of the backward's run-time choice.
-    expected = (0, 1) if tf_metal_ops.metal_available() and tf.config.list_physical_devices(
-        "GPU") else (0, 0)
+    # Every kernel that can run a float32 forward (CPU or Metal) writes the gradient: no
+    # gradient op at all, and the backward holds no logits for a fallback (which would keep
+    # them alive and stop the CPU forward from writing the gradient over them).
+    expected = (0, 0)
     assert _gradient_ops(CustomLoss(gamma=2.0), labels, logits) == expected
     assert _gradient_ops(CustomLoss(), labels, logits, sample_weight=tf.ones([64])) == expected
     assert _gradient_ops(CustomLoss(reduction=None), labels, logits) == (1, 0)

@@ -346,9 +346,9 @@ def reduced_custom_loss(
     while each row's softmax is at hand, and the backward only multiplies it by the scalar
     upstream gradient (not at all when that is exactly 1, as in Keras's `fit`). The forward
     writes the gradient over the logits' buffer when nothing else reads them, so a model's last
-    layer costs one N x C tensor, as with Keras's own losses. Where the forward may make no
-    gradient (float64 logits, the Metal kernels for now), the backward runs the gradient op with
-    the upstream `upstream * row_scales` when it did not.
+    layer costs one N x C tensor, as with Keras's own losses (on the CPU; the Metal forward
+    writes it to a buffer of its own). Where the forward makes no gradient (float64 logits),
+    the backward runs the gradient op with the upstream `upstream * row_scales`.
 
     Args:
         labels, logits, gamma, label_smoothing, class_weights, ignore_class, name: as for
@@ -373,11 +373,10 @@ def reduced_custom_loss(
 
 
 def _forward_surely_makes_the_gradient(logits: tf.Tensor) -> bool:
-    """True where the forward op can only run on CPU kernels that write the scaled gradient:
-    not float64 (the scalar kernel writes none), and no Metal kernel that could take the op."""
-    if logits.dtype == tf.float64:
-        return False
-    return not (runtime.metal_available() and tf.config.list_physical_devices("GPU"))
+    """True where every kernel that can take the forward op writes the scaled gradient: the
+    CPU's vectorized kernels and the Metal kernels (float32, float16, bfloat16) do; float64
+    runs on the CPU's scalar kernel, which writes none."""
+    return logits.dtype != tf.float64
 
 
 def _reduced(logits: tf.Tensor, labels: tf.Tensor, class_weights: tf.Tensor,

@@ -56,6 +56,9 @@ struct TensorBuffers {
   id<MTLBuffer> class_weights;  // nil when class_weights is empty ([0]: all ones)
   id<MTLBuffer> output;
   id<MTLBuffer> upstream;       // gradient op only
+  id<MTLBuffer> row_stats;      // forward: written; gradient: read (nil when given none)
+  id<MTLBuffer> row_scales;     // forward only; nil without them
+  id<MTLBuffer> scaled_gradient;  // forward only; nil without row_scales
 };
 
 id<MTLBuffer> BufferOf(TF_Tensor* tensor) {
@@ -102,6 +105,10 @@ Error MakeLaunchDesc(const CustomLossProblem& problem, gpu::LaunchDesc* desc) {
   desc->has_ignore_class = problem.attrs.has_ignore_class;
   desc->ignore_class = problem.attrs.ignore_class;
   desc->variant = gpu::KernelVariant::kAuto;
+  // The forward always writes row_stats (12 bytes a row); the gradient reads them when given.
+  const bool forward = problem.attrs.direction == Direction::kForward;
+  desc->has_row_stats = forward || problem.has_row_stats;
+  desc->has_row_scales = forward && problem.has_row_scales;
   return Error::Ok();
 }
 
@@ -126,7 +133,9 @@ const char* StatusName(MTLCommandBufferStatus status) {
 // The buffer to bind for `role`. An empty class_weights tensor may have no Metal buffer at all,
 // and Metal's validation layer rejects a kernel argument left unbound, so the logits buffer
 // stands in: the kernel never reads index TFMO_BUFFER_CLASS_WEIGHTS when has_class_weights == 0,
-// and both bindings only read, so the alias creates no hazard.
+// and both bindings only read, so the alias creates no hazard. The same for row_scales and a
+// gradient's row_stats when there are none (the params say so; never read), and the output
+// stands in for a scaled gradient that is not made (never written).
 id<MTLBuffer> BufferForRole(gpu::BufferRole role, const TensorBuffers& tensors,
                             id<MTLBuffer> error_record) {
   switch (role) {
@@ -137,6 +146,12 @@ id<MTLBuffer> BufferForRole(gpu::BufferRole role, const TensorBuffers& tensors,
     case gpu::BufferRole::kErrorRecord: return error_record;
     case gpu::BufferRole::kOutput: return tensors.output;
     case gpu::BufferRole::kUpstream: return tensors.upstream;
+    case gpu::BufferRole::kRowScales:
+      return tensors.row_scales != nil ? tensors.row_scales : tensors.logits;
+    case gpu::BufferRole::kRowStats:
+      return tensors.row_stats != nil ? tensors.row_stats : tensors.logits;
+    case gpu::BufferRole::kScaledGradient:
+      return tensors.scaled_gradient != nil ? tensors.scaled_gradient : tensors.output;
     case gpu::BufferRole::kParams: return nil;  // bytes, not a buffer
   }
   return nil;
@@ -381,15 +396,17 @@ void ComputeOnGpu(const CustomLossAttrs& attrs, TF_OpKernelContext* ctx) {
   }
   TensorPtr out;
   if (Error e = AllocateOutput(ctx, problem, &out); !e.ok()) return FailKernel(ctx, e);
+  // The forward writes row statistics (problem.h) for the gradient, and given row_scales the
+  // scaled gradient of a reduced loss, so that its backward needs no gradient op.
+  TensorPtr stats;
+  TensorPtr scaled_gradient;
   if (problem.attrs.direction == Direction::kForward) {
-    // The Metal kernels do not write row statistics or a scaled gradient (problem.h) yet: an
-    // empty [0, 3] and an empty [0], and the gradient kernel computes from the logits, as it
-    // does for any gradient given neither.
-    TensorPtr stats;
-    if (Error e = AllocateRowStats(ctx, problem, /*filled=*/false, &stats); !e.ok()) {
+    if (Error e = AllocateRowStats(ctx, problem, /*filled=*/true, &stats); !e.ok()) {
       return FailKernel(ctx, e);
     }
-    if (Error e = AllocateNoScaledGradient(ctx, problem); !e.ok()) return FailKernel(ctx, e);
+    Error e = problem.has_row_scales ? AllocateScaledGradient(ctx, problem, &scaled_gradient)
+                                     : AllocateNoScaledGradient(ctx, problem);
+    if (!e.ok()) return FailKernel(ctx, e);
   }
   // No rows: the (empty) output is complete and nothing is encoded, not even an empty dispatch.
   if (problem.num_rows == 0) return;
@@ -413,6 +430,13 @@ void ComputeOnGpu(const CustomLossAttrs& attrs, TF_OpKernelContext* ctx) {
   tensors.class_weights = problem.has_class_weights ? BufferOf(inputs.class_weights.get()) : nil;
   tensors.output = BufferOf(out.get());
   tensors.upstream = inputs.upstream ? BufferOf(inputs.upstream.get()) : nil;
+  if (problem.attrs.direction == Direction::kForward) {
+    tensors.row_stats = BufferOf(stats.get());
+    tensors.row_scales = problem.has_row_scales ? BufferOf(inputs.row_scales.get()) : nil;
+    tensors.scaled_gradient = problem.has_row_scales ? BufferOf(scaled_gradient.get()) : nil;
+  } else {
+    tensors.row_stats = problem.has_row_stats ? BufferOf(inputs.row_stats.get()) : nil;
+  }
 
   // Read once: a switch from Python takes effect at the next op, never halfway through this one.
   const bool wait = GetCommitMode() == CommitMode::kCommitAndWait;

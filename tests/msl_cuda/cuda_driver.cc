@@ -23,7 +23,7 @@
 namespace {
 
 // ---- the parameter block, mirrored from msl_cuda::LaunchArgs (include/metal_stdlib) ----------
-constexpr uint32_t kMaxBuffers = 8;
+constexpr uint32_t kMaxBuffers = 12;  // >= TFMO_EMU_MAX_BINDINGS
 constexpr uint32_t kInlineBytes = 64;
 constexpr uint32_t kNameBytes = 128;
 constexpr uint32_t kNoInline = 0xFFFFFFFFu;
@@ -35,9 +35,10 @@ struct LaunchArgs {
   uint32_t reserved;
   alignas(16) unsigned char inline_bytes[kInlineBytes];
 };
-static_assert(offsetof(LaunchArgs, num_buffers) == 64, "LaunchArgs layout");
-static_assert(offsetof(LaunchArgs, inline_bytes) == 80, "LaunchArgs layout");
-static_assert(sizeof(LaunchArgs) == 144, "LaunchArgs layout");
+static_assert(offsetof(LaunchArgs, num_buffers) == 96, "LaunchArgs layout");
+static_assert(offsetof(LaunchArgs, inline_bytes) == 112, "LaunchArgs layout");
+static_assert(sizeof(LaunchArgs) == 176, "LaunchArgs layout");
+static_assert(kMaxBuffers <= TFMO_EMU_MAX_BINDINGS, "TfmoEmuResult reports every binding");
 static_assert(sizeof(CustomLossParams) <= kInlineBytes, "params do not fit the inline bytes");
 
 // ---- libcuda and libnvrtc, opened at run time ---------------------------------------------------
@@ -370,6 +371,14 @@ extern "C" int tfmo_cuda_run(const TfmoEmuCase* c, TfmoEmuResult* result, void* 
       case BufferRole::kErrorRecord: pointer = c->error_record; break;
       case BufferRole::kOutput: pointer = c->output; break;
       case BufferRole::kUpstream: pointer = const_cast<void*>(c->upstream); break;
+      // Null when unused, as class_weights (memcheck names a kernel that touched them anyway).
+      case BufferRole::kRowScales:
+        pointer = const_cast<float*>(c->has_row_scales ? c->row_scales : nullptr);
+        break;
+      case BufferRole::kRowStats: pointer = c->has_row_stats ? c->row_stats : nullptr; break;
+      case BufferRole::kScaledGradient:
+        pointer = c->has_row_scales ? c->scaled_gradient : nullptr;
+        break;
     }
     args.buffers[b.index] = pointer;
   }

@@ -6,14 +6,16 @@
 //     Loads CUBIN; prints each kernel's host_name, registers, max threads per block, local bytes.
 //   tfmo_cuda_main cases CUBIN DIR...
 //     Each DIR is a case in the format of tests/msl_host/custom_loss_driver_main.cc (case.txt and
-//     {logits,labels,class_weights,upstream}.bin, written by gpu_cases.py). Runs it with the plan's
-//     geometry on device memory: the output starts as 0x7B bytes (so an element the kernel does
-//     not write cannot pass) and the error record as the encoder initializes it. Writes
-//     DIR/output.bin, DIR/error_record.bin and DIR/plan.txt. Exit 0 when every case ran.
+//     {logits,labels,class_weights,upstream,row_scales,row_stats}.bin, written by gpu_cases.py).
+//     Runs it with the plan's geometry on device memory: the outputs start as 0x7B bytes (so an
+//     element the kernel does not write cannot pass) and the error record as the encoder
+//     initializes it. Writes DIR/output.bin, DIR/error_record.bin and DIR/plan.txt, and for a
+//     forward DIR/row_stats_out.bin (has_row_stats) and DIR/scaled_gradient.bin
+//     (has_row_scales). Exit 0 when every case ran.
 //   tfmo_cuda_main synth CUBIN N C DTYPE
-//     One forward and one gradient launch on N x C random logits (DTYPE 0 float32, 2 bfloat16;
-//     normal, sd 2), int64 labels, upstream 1/N, planned as the encoder plans them: the program
-//     that ncu profiles (run_on_gpu.sh).
+//     One forward (writing row_stats) and one gradient launch (reading them) on N x C random
+//     logits (DTYPE 0 float32, 2 bfloat16; normal, sd 2), int64 labels, upstream 1/N, planned as
+//     the encoder plans them: the program that ncu profiles (run_on_gpu.sh).
 #include <cuda.h>
 #include <dlfcn.h>
 
@@ -75,11 +77,27 @@ bool upload(const Memory& m, const std::vector<char>& host, DeviceArray* out) {
 int run_case(const Memory& m, const std::string& dir) {
   TfmoEmuCase c = msl_host::ReadCaseFile(dir);  // the buffers are filled in below
 
-  DeviceArray logits, labels, weights, upstream, output, record;
+  DeviceArray logits, labels, weights, upstream, output, record, row_scales, row_stats, scaled;
+  const bool forward = c.direction == 0;
   bool ok = upload(m, ReadFileBytes(dir + "/logits.bin"), &logits) &&
             upload(m, ReadFileBytes(dir + "/labels.bin"), &labels) &&
             upload(m, ReadFileBytes(dir + "/class_weights.bin"), &weights) &&
-            upload(m, ReadFileBytes(dir + "/upstream.bin"), &upstream);
+            upload(m, ReadFileBytes(dir + "/upstream.bin"), &upstream) &&
+            upload(m, ReadFileBytes(dir + "/row_scales.bin"), &row_scales) &&
+            (forward || upload(m, ReadFileBytes(dir + "/row_stats.bin"), &row_stats));
+  // What a forward writes besides the loss: row_stats (has_row_stats) and the scaled gradient
+  // (has_row_scales), 0x7B bytes until then.
+  if (ok && forward && c.has_row_stats) {
+    row_stats.bytes = static_cast<size_t>(c.num_rows) * 12;
+    ok = m.alloc(&row_stats.ptr, row_stats.bytes + 1) == CUDA_SUCCESS &&
+         m.set(row_stats.ptr, 0x7B, row_stats.bytes + 1) == CUDA_SUCCESS;
+  }
+  if (ok && forward && c.has_row_scales) {
+    scaled.bytes = static_cast<size_t>(c.num_rows) * static_cast<size_t>(c.num_classes) *
+                   DtypeBytes(c.dtype);
+    ok = m.alloc(&scaled.ptr, scaled.bytes + 1) == CUDA_SUCCESS &&
+         m.set(scaled.ptr, 0x7B, scaled.bytes + 1) == CUDA_SUCCESS;
+  }
   const size_t out_elements =
       static_cast<size_t>(c.num_rows) * (c.direction == 1 ? static_cast<size_t>(c.num_classes) : 1);
   output.bytes = out_elements * DtypeBytes(c.dtype);
@@ -98,6 +116,9 @@ int run_case(const Memory& m, const std::string& dir) {
   c.upstream = reinterpret_cast<const void*>(upstream.ptr);
   c.output = reinterpret_cast<void*>(output.ptr);
   c.error_record = reinterpret_cast<uint32_t*>(record.ptr);
+  c.row_scales = reinterpret_cast<const float*>(row_scales.ptr);
+  c.row_stats = reinterpret_cast<float*>(row_stats.ptr);
+  c.scaled_gradient = reinterpret_cast<void*>(scaled.ptr);
 
   TfmoEmuResult r;
   tfmo_cuda_run(&c, &r, nullptr, 1);
@@ -109,8 +130,14 @@ int run_case(const Memory& m, const std::string& dir) {
   }
   std::vector<char> out(output.bytes);
   std::vector<char> words(record.bytes);
+  std::vector<char> stats_out(forward ? row_stats.bytes : 0);
+  std::vector<char> scaled_out(scaled.bytes);
   if ((output.bytes > 0 && m.to_host(out.data(), output.ptr, output.bytes) != CUDA_SUCCESS) ||
-      m.to_host(words.data(), record.ptr, record.bytes) != CUDA_SUCCESS) {
+      m.to_host(words.data(), record.ptr, record.bytes) != CUDA_SUCCESS ||
+      (!stats_out.empty() &&
+       m.to_host(stats_out.data(), row_stats.ptr, stats_out.size()) != CUDA_SUCCESS) ||
+      (!scaled_out.empty() &&
+       m.to_host(scaled_out.data(), scaled.ptr, scaled_out.size()) != CUDA_SUCCESS)) {
     std::cerr << dir << ": cannot read the results back\n";
     return 1;
   }
@@ -121,11 +148,16 @@ int run_case(const Memory& m, const std::string& dir) {
        << "\nthreads_per_row " << r.threads_per_row << "\nrows_per_threadgroup "
        << r.rows_per_threadgroup << "\ndispatched " << r.dispatched << "\n";
   if (!WriteFileBytes(dir + "/output.bin", out.data(), out.size()) ||
-      !WriteFileBytes(dir + "/error_record.bin", words.data(), words.size())) {
+      !WriteFileBytes(dir + "/error_record.bin", words.data(), words.size()) ||
+      (forward && c.has_row_stats &&
+       !WriteFileBytes(dir + "/row_stats_out.bin", stats_out.data(), stats_out.size())) ||
+      (forward && c.has_row_scales &&
+       !WriteFileBytes(dir + "/scaled_gradient.bin", scaled_out.data(), scaled_out.size()))) {
     std::cerr << dir << ": cannot write the outputs\n";
     return 1;
   }
-  for (DeviceArray* a : {&logits, &labels, &weights, &upstream, &output, &record}) {
+  for (DeviceArray* a : {&logits, &labels, &weights, &upstream, &output, &record, &row_scales,
+                         &row_stats, &scaled}) {
     if (a->ptr != 0) m.free(a->ptr);
   }
   return 0;
@@ -172,10 +204,11 @@ int run_synthetic(const Memory& m, int64_t n, int64_t c, int32_t dtype) {
       std::memcpy(&upstream[static_cast<size_t>(r) * 2], &b, 2);
     }
   }
-  DeviceArray d_logits, d_labels, d_upstream, d_loss, d_grad, d_record;
+  DeviceArray d_logits, d_labels, d_upstream, d_loss, d_grad, d_record, d_stats;
   bool ok = upload(m, logits, &d_logits) && upload(m, labels, &d_labels) &&
             upload(m, upstream, &d_upstream) &&
             m.alloc(&d_loss.ptr, static_cast<size_t>(n) * es) == CUDA_SUCCESS &&
+            m.alloc(&d_stats.ptr, static_cast<size_t>(n) * 12) == CUDA_SUCCESS &&
             m.alloc(&d_grad.ptr, elements * es) == CUDA_SUCCESS &&
             m.alloc(&d_record.ptr, 32) == CUDA_SUCCESS;
   if (!ok) {
@@ -200,6 +233,8 @@ int run_synthetic(const Memory& m, int64_t n, int64_t c, int32_t dtype) {
     k.upstream = reinterpret_cast<const void*>(d_upstream.ptr);
     k.output = reinterpret_cast<void*>(direction == 0 ? d_loss.ptr : d_grad.ptr);
     k.error_record = reinterpret_cast<uint32_t*>(d_record.ptr);
+    k.has_row_stats = 1;  // the forward writes them, the gradient reads them (custom_loss)
+    k.row_stats = reinterpret_cast<float*>(d_stats.ptr);
     TfmoEmuResult r;
     if (!tfmo_cuda_run(&k, &r, nullptr, 1) || m.sync() != CUDA_SUCCESS) {
       std::cerr << "synth: " << r.error << "\n";
@@ -209,7 +244,8 @@ int run_synthetic(const Memory& m, int64_t n, int64_t c, int32_t dtype) {
                 r.threadgroups_per_grid[0], r.threadgroups_per_grid[1],
                 r.threads_per_threadgroup[0], r.threads_per_row);
   }
-  for (DeviceArray* a : {&d_logits, &d_labels, &d_upstream, &d_loss, &d_grad, &d_record}) {
+  for (DeviceArray* a :
+       {&d_logits, &d_labels, &d_upstream, &d_loss, &d_grad, &d_record, &d_stats}) {
     if (a->ptr != 0) m.free(a->ptr);
   }
   return 0;

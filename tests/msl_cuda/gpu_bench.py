@@ -5,15 +5,21 @@
 For each shape N x C and logits dtype (float32, bfloat16), sparse int64 labels, one training step
 (the loss and d loss / d logits), each timed by `triton.testing.do_bench` (median, L2 flushed
 before every repetition):
-* ours: the forward kernel then the gradient kernel, planned and bound by gpu::PlanLaunch as the
-  macOS encoder does (libtfmo_cuda: cuda_driver.cc), without and with label smoothing 0.1;
+* ours, three ways, each planned and bound by gpu::PlanLaunch as the macOS encoder does
+  (libtfmo_cuda: cuda_driver.cc), without and with label smoothing 0.1:
+  - ours (old): the forward kernel, then the gradient kernel without row statistics, which finds
+    each row's log-sum-exp again (what the Metal kernels did before row_stats);
+  - ours_stats (per-example losses, custom_loss): the forward writes row_stats, the gradient
+    reads them and skips its log-sum-exp pass;
+  - ours_reduced (reduced_custom_loss, Keras's CustomLoss): the forward alone, given
+    row_scales = 1/N, writes the mean's gradient beside the loss; no gradient kernel;
 * torch: `torch.nn.functional.cross_entropy` + `backward()`, without and with smoothing;
 * liger: Liger-Kernel's Triton cross-entropy (`LigerCrossEntropyFunction`), which writes the
   gradient over its input during the forward pass;
 * floor: the fewest bytes a step must move (read the logits and labels once, write the gradient
   and the loss once) at the device-to-device copy bandwidth measured here (bytes read + written).
 Before timing, each of ours is compared with torch's float64 result on the same inputs.
-Also, the rowtg threadgroup size the H200 prefers: ours again with the pipeline limit
+Also, the rowtg threadgroup size the H200 prefers: ours_stats again with the pipeline limit
 (maxTotalThreadsPerThreadgroup) lowered, which is how PlanLaunch is asked for smaller groups.
 """
 
@@ -36,6 +42,11 @@ SHAPES = [(4096, 1000), (65536, 1000), (512, 32000), (8192, 128256), (65536, 10)
 DTYPES = {"float32": (torch.float32, 0), "bfloat16": (torch.bfloat16, 2)}
 SMOOTHING = 0.1
 SWEEP_LIMITS = (64, 128, 256, 512, 1024)
+# (label smoothing, Ours.step mode, result key) of every step of ours that is timed.
+OURS_METHODS = [(0.0, "old", "ours"), (0.0, "stats", "ours_stats"),
+                (0.0, "reduced", "ours_reduced"), (SMOOTHING, "old", "ours_smooth"),
+                (SMOOTHING, "stats", "ours_smooth_stats"),
+                (SMOOTHING, "reduced", "ours_smooth_reduced")]
 
 
 def bench(fn) -> float:
@@ -97,38 +108,54 @@ class Ours:
             raise RuntimeError(f"tfmo_cuda_load: {error.value.decode()}")
         self.record = torch.empty(8, dtype=torch.int32, device="cuda")
 
-    def step(self, x, y, upstream, loss, grad, *, smoothing=0.0, max_threads=1024, variant=-1):
-        """A callable doing one forward + gradient launch pair; and the two plans."""
+    def step(self, x, y, upstream, loss, grad, *, smoothing=0.0, max_threads=1024, variant=-1,
+             mode="stats"):
+        """A callable doing one training step's launches (mode "old": forward + gradient
+        without row stats; "stats": forward writing row_stats + gradient reading them;
+        "reduced": the forward alone, writing the gradient of the mean into `grad`); and the
+        launches' plans (the one that writes the gradient last)."""
         n, c = x.shape
         dtype = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}[x.dtype]
+        stats = torch.empty(n, 3, device="cuda", dtype=torch.float32)
+        scales = torch.full((n,), 1.0 / n, device="cuda", dtype=torch.float32)
         common = dict(num_rows=n, num_classes=c, dtype=dtype, label_kind=1, variant=variant,
                       gamma=0.0, label_smoothing=smoothing, has_class_weights=0,
                       has_ignore_class=1, ignore_class=-100,
                       max_total_threads_per_threadgroup=max_threads, thread_execution_width=32,
                       executor=0, plan_only=0, max_concurrent_threadgroups=0, reserved=0,
                       logits=x.data_ptr(), labels=y.data_ptr(), class_weights=None,
-                      error_record=self.record.data_ptr())
-        fwd = mb.EmuCase(direction=0, upstream=None, output=loss.data_ptr(), **common)
-        bwd = mb.EmuCase(direction=1, upstream=upstream.data_ptr(), output=grad.data_ptr(),
-                         **common)
-        results = (mb.EmuResult(), mb.EmuResult())
+                      error_record=self.record.data_ptr(), row_stats=stats.data_ptr())
+        with_stats = int(mode != "old")
+        if mode == "reduced":
+            cases = [mb.EmuCase(direction=0, upstream=None, output=loss.data_ptr(),
+                                has_row_stats=1, has_row_scales=1,
+                                row_scales=scales.data_ptr(), scaled_gradient=grad.data_ptr(),
+                                **common)]
+        else:
+            cases = [mb.EmuCase(direction=0, upstream=None, output=loss.data_ptr(),
+                                has_row_stats=with_stats, **common),
+                     mb.EmuCase(direction=1, upstream=upstream.data_ptr(),
+                                output=grad.data_ptr(), has_row_stats=with_stats, **common)]
+        results = [mb.EmuResult() for _ in cases]
         stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
         run = self.lib.tfmo_cuda_run
-        for case, result in zip((fwd, bwd), results):
+        for case, result in zip(cases, results):
             if not run(ctypes.byref(case), ctypes.byref(result), stream, 1):
                 raise RuntimeError(result.error.decode())
         torch.cuda.synchronize()
-        fwd_ref, bwd_ref, r0, r1 = ctypes.byref(fwd), ctypes.byref(bwd), *map(ctypes.byref, results)
+        launches = [(ctypes.byref(case), ctypes.byref(result))
+                    for case, result in zip(cases, results)]
 
         def fn():
-            run(fwd_ref, r0, stream, 0)
-            run(bwd_ref, r1, stream, 0)
+            for case_ref, result_ref in launches:
+                run(case_ref, result_ref, stream, 0)
 
+        fn.keep_alive = (stats, scales, cases, results)  # what the launches point at
         plans = [dict(kernel=r.kernel_name.decode(), grid=list(r.threadgroups_per_grid),
                       threads=r.threads_per_threadgroup[0], threads_per_row=r.threads_per_row,
                       rows_per_threadgroup=r.rows_per_threadgroup,
                       threadgroup_memory=r.threadgroup_memory_length) for r in results]
-        return fn, plans
+        return fn, [plans[0], plans[-1]]
 
 
 def copy_bandwidth() -> float:
@@ -164,9 +191,13 @@ def _one_configuration(ours, liger, row: dict, sweep: list, x, y, up, loss, grad
     measure = kernel_time if profiled else bench
     suffix = "_kernel" if profiled else "_ms"
     n, c = x.shape
-    for eps, key in ((0.0, "ours"), (SMOOTHING, "ours_smooth")):
-        fn, plans = ours.step(x, y, up, loss, grad, smoothing=eps)
+    for eps, mode, key in OURS_METHODS:
+        fn, plans = ours.step(x, y, up, loss, grad, smoothing=eps, mode=mode)
         if not profiled:  # correctness on these inputs first: ours vs float64 torch
+            loss.fill_(float("nan"))  # so that a launch that wrote nothing cannot pass
+            grad.fill_(float("nan"))
+            fn()
+            torch.cuda.synchronize()
             x64 = x.double().requires_grad_(True)
             ref_loss = F.cross_entropy(x64, y, reduction="none", label_smoothing=eps)
             (ref_grad,) = torch.autograd.grad(ref_loss.mean(), x64)

@@ -124,6 +124,22 @@ def _labels(kind: str, rng, n: int, c: int, y: np.ndarray) -> np.ndarray:
     return y.astype(np.int32 if kind == "int32" else np.int64)
 
 
+def numpy_row_stats(z64: np.ndarray) -> np.ndarray:
+    """(max, log sum exp(z - max), 1 / sum exp(z - max)) per row, float32: what a forward writes
+    into row_stats (csrc/problem.h), computed here in float64 as a gradient's input."""
+    with np.errstate(all="ignore"):
+        m = z64.max(axis=1)
+        s = np.exp(z64 - m[:, None]).sum(axis=1)
+        return np.stack([m, np.log(s), 1.0 / s], axis=1).astype(np.float32)
+
+
+# The launches of one case: a plain forward and gradient; the forward that also writes
+# row_stats and, given row_scales, the scaled gradient ("fused"); the gradient that reads
+# row_stats instead of finding the log-sum-exp itself ("stats").
+LAUNCHES = (("forward", "plain"), ("gradient", "plain"), ("forward", "fused"),
+            ("gradient", "stats"))
+
+
 def _write(directory: Path, fields: dict, arrays: dict, meta: dict, expected) -> None:
     mb.write_case_dir(directory, fields, arrays)
     (directory / "meta.json").write_text(json.dumps(meta))
@@ -162,13 +178,21 @@ def write_cases(root: Path) -> int:
                           class_weights=None if weights is None else weights.astype(np.float64),
                           ignore_class=case.get("ignore"))
                 z64 = mb.as_float64(z_store, dtype)
+                scales = rng.uniform(0.1, 2.0, n).astype(np.float32)
+                stats = numpy_row_stats(z64)
                 expected = {
                     "forward": ref.custom_loss(y_ref, z64, **kw),
                     "gradient": ref.custom_loss_grad(y_ref, z64, upstream=mb.as_float64(
                         u_store, dtype), **kw),
+                    "scaled": ref.custom_loss_grad(y_ref, z64, upstream=scales.astype(
+                        np.float64), **kw),
                 }
+                if kind != "dense" and "ignore" in case:
+                    stats_rows = labels != case["ignore"]
+                else:
+                    stats_rows = np.ones(n, bool)
                 for variant in ("rowtg", "rowsimd"):
-                    for direction in ("forward", "gradient"):
+                    for direction, launch in LAUNCHES:
                         fields = dict(
                             num_rows=n, num_classes=c, dtype=mb.DTYPES[dtype],
                             label_kind=mb.LABEL_KINDS[kind], direction=mb.DIRECTIONS[direction],
@@ -176,13 +200,21 @@ def write_cases(root: Path) -> int:
                             label_smoothing=case.get("smoothing", 0.0),
                             has_class_weights=int(weights is not None),
                             has_ignore_class=int("ignore" in case),
-                            ignore_class=case.get("ignore", 0), max_threads=1024, simd_width=32)
+                            ignore_class=case.get("ignore", 0), max_threads=1024, simd_width=32,
+                            has_row_stats=int(launch != "plain"),
+                            has_row_scales=int(launch == "fused"))
                         arrays = dict(logits=z_store, labels=y_store, class_weights=weights,
-                                      upstream=u_store if direction == "gradient" else None)
+                                      upstream=u_store if direction == "gradient" else None,
+                                      row_scales=scales if launch == "fused" else None,
+                                      row_stats=stats if launch == "stats" else None)
                         meta = dict(case=case["name"], dtype=dtype, kind=kind, variant=variant,
-                                    direction=direction, n=n, c=c, bad={})
-                        _write(root / f"c{ci:02d}_{dtype}_{kind}_{variant}_{direction}", fields,
-                               arrays, meta, expected[direction])
+                                    direction=direction, launch=launch, n=n, c=c, bad={})
+                        directory = root / f"c{ci:02d}_{dtype}_{kind}_{variant}_{direction}_{launch}"
+                        _write(directory, fields, arrays, meta, expected[direction])
+                        if launch == "fused":
+                            np.save(directory / "expected_scaled.npy", expected["scaled"])
+                            np.save(directory / "expected_stats.npy", stats)
+                            np.save(directory / "stats_rows.npy", stats_rows)
                         count += 1
     # Bad labels: NaN rows, the error record (count, lowest row, a consistent (row, label) pair),
     # the good rows still right; ignore_class = -1 is not an error.
@@ -237,6 +269,38 @@ def _read_output(directory: Path, meta: dict) -> np.ndarray:
     return mb.as_float64(stored, meta["dtype"]).reshape(shape)
 
 
+def _check_fused_extras(directory: Path, meta: dict) -> None:
+    """A fused forward's row_stats and scaled gradient (AssertionError when wrong)."""
+    n, c = meta["n"], meta["c"]
+    for name in ("row_stats_out.bin", "scaled_gradient.bin"):
+        assert (directory / name).exists(), f"no {name}"
+    stats = np.frombuffer((directory / "row_stats_out.bin").read_bytes(),
+                          np.float32).reshape(n, 3)
+    want = np.load(directory / "expected_stats.npy")
+    rows = np.load(directory / "stats_rows.npy")
+    assert (stats[~rows] == 0).all(), "ignored rows' row_stats are not 0"
+    finite = rows & np.isfinite(want[:, 0]) & np.isfinite(want[:, 1])
+    assert np.array_equal(stats[finite, 0], want[finite, 0]), "row_stats max differs"
+    assert np.allclose(stats[finite, 1:], want[finite, 1:], rtol=1e-5, atol=1e-7), (
+        "row_stats log_sum or 1/sum differs")
+    np_dtype = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}[meta["dtype"]]
+    scaled = mb.as_float64(np.frombuffer((directory / "scaled_gradient.bin").read_bytes(),
+                                         np_dtype), meta["dtype"]).reshape(n, c)
+    _compare(scaled, np.load(directory / "expected_scaled.npy"), meta, "gradient", "scaled ")
+
+
+def _compare(out, expected, meta, direction, what) -> None:
+    if meta["dtype"] == "float16":
+        # float16 outputs below 2^-14 are subnormal, spaced 2^-24: their rounding error
+        # (up to 2^-25) can exceed the emulator tests' bound on a row of tiny gradients.
+        close = np.abs(out - expected) <= 2.0**-25
+        out = np.where(close, expected, out)
+    if direction == "forward":
+        emu_tests.assert_loss_close(out, expected, meta["dtype"], what)
+    else:
+        emu_tests.assert_grad_close(out, expected, meta["dtype"], what)
+
+
 def check_case(directory: Path) -> Optional[str]:
     """None when the kernel's output matches; otherwise what is wrong."""
     meta = json.loads((directory / "meta.json").read_text())
@@ -259,15 +323,9 @@ def check_case(directory: Path) -> Optional[str]:
         else:
             assert record[0] == 0 and record[2] == 0, f"unexpected error record {record.tolist()}"
             assert record[1] == 0xFFFFFFFF, "min_bad_row changed without a bad label"
-        if meta["dtype"] == "float16":
-            # float16 outputs below 2^-14 are subnormal, spaced 2^-24: their rounding error
-            # (up to 2^-25) can exceed the emulator tests' bound on a row of tiny gradients.
-            close = np.abs(out - expected) <= 2.0**-25
-            out = np.where(close, expected, out)
-        if meta["direction"] == "forward":
-            emu_tests.assert_loss_close(out, expected, meta["dtype"], "")
-        else:
-            emu_tests.assert_grad_close(out, expected, meta["dtype"], "")
+        _compare(out, expected, meta, meta["direction"], "")
+        if meta.get("launch") == "fused":
+            _check_fused_extras(directory, meta)
     except AssertionError as e:
         return " ".join(str(e).split())[:300]
     return None

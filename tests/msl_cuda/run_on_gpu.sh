@@ -83,7 +83,7 @@ grep -q ', 0 failed' "$out/correctness.txt" || status=1
 tail -2 "$out/correctness.txt" | tee -a "$log"
 
 note "timing"
-timeout "${BENCH_TIMEOUT:-300}" python3 "$here/gpu_bench.py" "$work/libtfmo_cuda.so" "$cubin" "$out/bench.json" 2>&1 |
+timeout "${BENCH_TIMEOUT:-600}" python3 "$here/gpu_bench.py" "$work/libtfmo_cuda.so" "$cubin" "$out/bench.json" 2>&1 |
   tail -25 | tee -a "$log" || status=1
 [ -s "$out/bench.json" ] || status=1
 
@@ -92,7 +92,7 @@ sanitizer=$(command -v compute-sanitizer || ls "$cuda_home"/bin/compute-sanitize
   "$cuda_home"/compute-sanitizer/compute-sanitizer 2>/dev/null | head -1)
 : >"$out/sanitizers.txt"
 for tool in memcheck racecheck synccheck initcheck; do
-  rm -f "$cases"/*/output.bin
+  rm -f "$cases"/*/output.bin "$cases"/*/row_stats_out.bin "$cases"/*/scaled_gradient.bin
   start=$(date +%s)
   timeout "${SANITIZER_TIMEOUT:-120}" "${sanitizer:-compute-sanitizer}" --tool "$tool" --error-exitcode 99 \
     "$work/tfmo_cuda_main" cases "$cubin" "$cases"/*/ >"$work/$tool.txt" 2>&1

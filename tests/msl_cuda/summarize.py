@@ -70,6 +70,29 @@ def timing_table(bench: dict) -> list:
             f"{ours_k['total_ms'] / r['floor_ms']:.2f} | {_ms(k('ours_smooth'))} | "
             f"{_ms(k('torch'))} | {_ms(k('torch_smooth'))} | {_ms(k('liger'))} | "
             f"{_ms(k('liger_smooth'))} | {ratio('torch')} | {ratio('liger')} |")
+    lines += ["", "Ours three ways (gpu_bench.py): old = forward + gradient without row "
+              "statistics (the kernels before them); stats = the forward writes row_stats, the "
+              "gradient reads them (per-example losses); reduced = the forward alone writes "
+              "the mean's gradient (reduced losses, Keras). Wall-clock ms, then device time "
+              "(kernels alone) ms; x floor and / torch, / liger for the faster new one:", "",
+              "| N x C | dtype | eps | old | stats | reduced | old (kernels) | stats (kernels) "
+              "| reduced (kernels) | best x floor | best / torch | best / liger |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in bench["rows"]:
+        for eps, base, peer in (("0", "ours", ""), (".1", "ours_smooth", "_smooth")):
+            wall = [r.get(base + m + "_ms") for m in ("", "_stats", "_reduced")]
+            kern = [(r.get(base + m + "_kernel") or {}).get("total_ms")
+                    for m in ("", "_stats", "_reduced")]
+            new = [v for v in wall[1:] if v is not None]
+            best = min(new) if new else None
+            def rel(peer_key, best=best, r=r):
+                other = r.get(peer_key + "_ms")
+                return "-" if best is None or other is None else f"{best / other:.2f}"
+            lines.append(
+                f"| {r['n']} x {r['c']} | {r['dtype']} | {eps} | "
+                + " | ".join(_ms(v) for v in wall + kern) + " | "
+                + ("-" if best is None else f"{best / r['floor_ms']:.2f}") + " | "
+                + f"{rel('torch' + peer)} | {rel('liger' + peer)} |")
     lines += ["", "Peers relative to the floor (wall-clock time / floor time):", "",
               "| N x C | dtype | torch | torch eps=.1 | liger | liger eps=.1 |",
               "|---|---|---|---|---|---|"]
@@ -79,13 +102,14 @@ def timing_table(bench: dict) -> list:
         lines.append(f"| {r['n']} x {r['c']} | {r['dtype']} | " + " | ".join(cells) + " |")
     lines += ["", "Ours against float64 torch on the timed inputs (max relative loss error; max "
               "gradient error relative to the largest gradient element):", "",
-              "| N x C | dtype | loss | grad | loss eps=.1 | grad eps=.1 |",
-              "|---|---|---|---|---|---|"]
+              "| N x C | dtype | path | loss | grad | loss eps=.1 | grad eps=.1 |",
+              "|---|---|---|---|---|---|---|"]
     for r in bench["rows"]:
-        lines.append(f"| {r['n']} x {r['c']} | {r['dtype']} | {r['ours_loss_max_rel_err']:.1e} | "
-                     f"{r['ours_grad_max_err_rel_to_max']:.1e} | "
-                     f"{r['ours_smooth_loss_max_rel_err']:.1e} | "
-                     f"{r['ours_smooth_grad_max_err_rel_to_max']:.1e} |")
+        for path, m in (("old", ""), ("stats", "_stats"), ("reduced", "_reduced")):
+            cells = [r.get(f"ours{s}{m}_{e}") for s in ("", "_smooth")
+                     for e in ("loss_max_rel_err", "grad_max_err_rel_to_max")]
+            lines.append(f"| {r['n']} x {r['c']} | {r['dtype']} | {path} | "
+                         + " | ".join("-" if v is None else f"{v:.1e}" for v in cells) + " |")
     errors = [f"{r['n']}x{r['c']} {r['dtype']} {k}: {v}" for r in bench["rows"]
               for k, v in r.items() if k.endswith("_error")]
     if errors:

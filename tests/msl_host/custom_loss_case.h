@@ -61,6 +61,8 @@ inline TfmoEmuCase ReadCaseFile(const std::string& dir) {
   c.thread_execution_width = std::stoul(get("simd_width", "32"));
   c.executor = std::stoi(get("executor", "1"));
   c.max_concurrent_threadgroups = std::stoul(get("max_concurrent_threadgroups", "4"));
+  c.has_row_stats = std::stoi(get("has_row_stats", "0"));
+  c.has_row_scales = std::stoi(get("has_row_scales", "0"));
   return c;
 }
 
@@ -78,6 +80,8 @@ inline tf_metal_ops::gpu::LaunchDesc LaunchDescOf(const TfmoEmuCase& c) {
   desc.has_class_weights = c.has_class_weights != 0;
   desc.has_ignore_class = c.has_ignore_class != 0;
   desc.ignore_class = c.ignore_class;
+  desc.has_row_stats = c.has_row_stats != 0;
+  desc.has_row_scales = c.has_row_scales != 0;
   return desc;
 }
 

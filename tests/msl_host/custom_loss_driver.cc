@@ -11,6 +11,11 @@
 
 #include "csrc/launch_plan.h"
 #include "emulator.h"
+#include "memory_traffic.h"
+
+static_assert(TFMO_EMU_NUM_ROLES == tf_metal_ops::gpu::kNumBufferRoles &&
+                  msl_host::kTrafficRoles == tf_metal_ops::gpu::kNumBufferRoles,
+              "a buffer role was added: widen TfmoEmuResult and memory_traffic.h");
 
 namespace {
 
@@ -53,7 +58,9 @@ extern "C" int tfmo_emu_run(const TfmoEmuCase* c, TfmoEmuResult* result) {
       copy_text(result->error, sizeof(result->error), "plan: binding indices are not 0..n-1");
       return 0;
     }
-    if (b.index < 8) result->binding_roles[b.index] = static_cast<int32_t>(b.role);
+    if (b.index < TFMO_EMU_MAX_BINDINGS) {
+      result->binding_roles[b.index] = static_cast<int32_t>(b.role);
+    }
     void* pointer = nullptr;
     switch (b.role) {
       case BufferRole::kLogits: pointer = const_cast<void*>(c->logits); break;
@@ -72,6 +79,14 @@ extern "C" int tfmo_emu_run(const TfmoEmuCase* c, TfmoEmuResult* result) {
       case BufferRole::kErrorRecord: pointer = record; break;
       case BufferRole::kOutput: pointer = c->output; break;
       case BufferRole::kUpstream: pointer = const_cast<void*>(c->upstream); break;
+      // Null when unused, as class_weights: a kernel that touched them anyway would crash.
+      case BufferRole::kRowScales:
+        pointer = const_cast<float*>(c->has_row_scales ? c->row_scales : nullptr);
+        break;
+      case BufferRole::kRowStats: pointer = c->has_row_stats ? c->row_stats : nullptr; break;
+      case BufferRole::kScaledGradient:
+        pointer = c->has_row_scales ? c->scaled_gradient : nullptr;
+        break;
     }
     buffers[b.index] = pointer;
   }
@@ -97,7 +112,39 @@ extern "C" int tfmo_emu_run(const TfmoEmuCase* c, TfmoEmuResult* result) {
       c->executor == 1 ? msl_host::ExecutorKind::kThreads : msl_host::ExecutorKind::kFibers;
   dispatch.max_concurrent_threadgroups =
       c->max_concurrent_threadgroups == 0 ? 4 : c->max_concurrent_threadgroups;
+  // Every buffer's extent, for the traffic counter (which counts only when the kernels were
+  // compiled with access hooks).
+  const size_t n = static_cast<size_t>(c->num_rows);
+  const size_t nc = n * static_cast<size_t>(c->num_classes);
+  const size_t t_bytes = msl_host::DtypeBytes(c->dtype);
+  const bool gradient = c->direction == 1;
+  auto extent = [&](BufferRole role) -> size_t {
+    switch (role) {
+      case BufferRole::kLogits: return nc * t_bytes;
+      case BufferRole::kLabels:
+        return c->label_kind == 2 ? nc * t_bytes : n * (c->label_kind == 1 ? 8 : 4);
+      case BufferRole::kClassWeights: return static_cast<size_t>(c->num_classes) * 4;
+      case BufferRole::kParams: return sizeof(CustomLossParams);
+      case BufferRole::kErrorRecord: return sizeof(CustomLossErrorRecord);
+      case BufferRole::kOutput: return (gradient ? nc : n) * t_bytes;
+      case BufferRole::kUpstream: return n * t_bytes;
+      case BufferRole::kRowScales: return n * 4;
+      case BufferRole::kRowStats: return n * 3 * 4;
+      case BufferRole::kScaledGradient: return nc * t_bytes;
+    }
+    return 0;
+  };
+  msl_host::traffic_begin();
+  for (const gpu::BufferBinding& b : plan.bindings) {
+    msl_host::traffic_add_buffer(static_cast<int>(b.role), buffers[b.index], extent(b.role));
+  }
   const std::string error = msl_host::run_dispatch(plan.kernel_name, dispatch);
+  const msl_host::TrafficCounts traffic = msl_host::traffic_end();
+  result->memory_counted = traffic.instrumented ? 1 : 0;
+  for (int role = 0; role < TFMO_EMU_NUM_ROLES; ++role) {
+    result->bytes_read[role] = traffic.bytes_read[role];
+    result->bytes_written[role] = traffic.bytes_written[role];
+  }
   if (!error.empty()) {
     copy_text(result->error, sizeof(result->error), "emulator: " + error);
     return 0;

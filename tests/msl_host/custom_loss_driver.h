@@ -34,7 +34,15 @@ struct TfmoEmuCase {
   const void* upstream;        // T[N] (gradient)
   void* output;                // T[N] or T[N, C]
   uint32_t* error_record;      // 8 words, initialized here as the encoder would
+  int32_t has_row_stats;       // forward: write row_stats; gradient: read them
+  int32_t has_row_scales;      // forward: read row_scales, write scaled_gradient
+  float* row_stats;            // float[N, 3]
+  const float* row_scales;     // float[N]
+  void* scaled_gradient;       // T[N, C]
 };
+
+#define TFMO_EMU_MAX_BINDINGS 12
+#define TFMO_EMU_NUM_ROLES 10  // gpu::kNumBufferRoles
 
 struct TfmoEmuResult {
   int32_t ok;          // 1: planned (and run, unless plan_only) without error
@@ -46,9 +54,15 @@ struct TfmoEmuResult {
   uint32_t threads_per_row;
   uint32_t rows_per_threadgroup;
   uint32_t num_bindings;
-  int32_t binding_roles[8];  // role at index i (-1 past num_bindings)
+  int32_t binding_roles[TFMO_EMU_MAX_BINDINGS];  // role at index i (-1 past num_bindings)
   char kernel_name[96];
   char error[512];
+  // Device-memory traffic of the launch per gpu::BufferRole (memory_traffic.h), when the
+  // kernels were compiled with access hooks (memory_counted == 1); else zeros.
+  int32_t memory_counted;
+  int32_t reserved2;
+  uint64_t bytes_read[TFMO_EMU_NUM_ROLES];
+  uint64_t bytes_written[TFMO_EMU_NUM_ROLES];
 };
 
 int tfmo_emu_run(const TfmoEmuCase* c, TfmoEmuResult* result);

@@ -3,8 +3,10 @@
 //
 //   custom_loss_driver_main case DIR
 //     DIR/case.txt: "key value" lines naming the TfmoEmuCase fields; DIR/{logits,labels,
-//     class_weights,upstream}.bin: raw arrays. Runs tfmo_emu_run and writes DIR/output.bin and
-//     DIR/error_record.bin. Exit 0 on success, 1 with the error on stderr.
+//     class_weights,upstream,row_scales,row_stats}.bin: raw arrays. Runs tfmo_emu_run and writes
+//     DIR/output.bin and DIR/error_record.bin, and for a forward DIR/row_stats_out.bin (when
+//     has_row_stats) and DIR/scaled_gradient.bin (when has_row_scales). Exit 0 on success, 1
+//     with the error on stderr.
 //
 //   custom_loss_driver_main raw KERNEL THREADS GROUPS TG_BYTES FLOATS
 //     Runs any registered kernel whose only buffer is [[buffer(0)]] float[FLOATS] (zeros) on the
@@ -42,6 +44,18 @@ int run_case(const std::string& dir) {
       static_cast<size_t>(c.num_rows) * (c.direction == 1 ? static_cast<size_t>(c.num_classes) : 1);
   std::vector<char> output(out_elements * DtypeBytes(c.dtype) + 1);
   std::vector<uint32_t> record(8, 0);
+  // A forward writes row_stats (when has_row_stats) and the scaled gradient (given row_scales);
+  // a gradient reads row_stats.bin.
+  const bool forward = c.direction == 0;
+  const size_t n = static_cast<size_t>(c.num_rows);
+  std::vector<char> row_scales = ReadFileBytes(dir + "/row_scales.bin");
+  std::vector<char> row_stats =
+      forward ? std::vector<char>(n * 12 + 1) : ReadFileBytes(dir + "/row_stats.bin");
+  const size_t scaled_bytes = n * static_cast<size_t>(c.num_classes) * DtypeBytes(c.dtype);
+  std::vector<char> scaled(scaled_bytes + 1);
+  c.row_stats = reinterpret_cast<float*>(row_stats.data());
+  c.row_scales = reinterpret_cast<const float*>(row_scales.data());
+  c.scaled_gradient = scaled.data();
   c.logits = logits.data();
   c.labels = labels.data();
   c.class_weights = reinterpret_cast<const float*>(weights.data());
@@ -58,7 +72,11 @@ int run_case(const std::string& dir) {
   std::cout << "kernel " << r.kernel_name << " threadgroups " << r.threadgroups_per_grid[0] << "x"
             << r.threadgroups_per_grid[1] << " threads " << r.threads_per_threadgroup[0] << "\n";
   if (!WriteFileBytes(dir + "/output.bin", output.data(), out_elements * DtypeBytes(c.dtype)) ||
-      !WriteFileBytes(dir + "/error_record.bin", record.data(), record.size() * 4)) {
+      !WriteFileBytes(dir + "/error_record.bin", record.data(), record.size() * 4) ||
+      (forward && c.has_row_stats &&
+       !WriteFileBytes(dir + "/row_stats_out.bin", row_stats.data(), n * 12)) ||
+      (forward && c.has_row_scales &&
+       !WriteFileBytes(dir + "/scaled_gradient.bin", scaled.data(), scaled_bytes))) {
     std::cerr << "error: cannot write the outputs\n";
     return 1;
   }

@@ -119,6 +119,8 @@ class Executor {
 
 thread_local Executor* t_executor = nullptr;
 thread_local uint32_t t_tid = 0;
+// The running thread's threadgroup (linear), for current_threadgroup().
+thread_local uint64_t t_group = 0;
 
 const char* op_name(SimdOp op) {
   switch (op) {
@@ -503,6 +505,8 @@ std::vector<float> fresh_threadgroup_memory(uint32_t bytes) {
 
 void threadgroup_barrier() { t_executor->barrier(t_tid); }
 
+uint64_t current_threadgroup() { return t_group; }
+
 float simd_collective(SimdOp op, float value, uint32_t arg) {
   return t_executor->simd(t_tid, op, value, arg);
 }
@@ -535,6 +539,7 @@ std::string run_dispatch(const std::string& kernel_name, const Dispatch& d) {
     for (uint32_t gy = 0; gy < d.threadgroups_per_grid[1]; ++gy) {
       for (uint32_t gx = 0; gx < d.threadgroups_per_grid[0]; ++gx) {
         std::vector<float> tg = fresh_threadgroup_memory(d.threadgroup_memory_length);
+        t_group = uint64_t{gy} * d.threadgroups_per_grid[0] + gx;
         std::string error = executor.run([&](uint32_t tid) {
           kernel->invoke(d.buffers.data(), d.buffers.size(), tg.data(), make_ids(d, gx, gy, tid));
         });
@@ -566,6 +571,7 @@ std::string run_dispatch(const std::string& kernel_name, const Dispatch& d) {
         workers.emplace_back([&d, kernel, executor, tg, gx, gy, tid] {
           t_executor = executor;
           t_tid = tid;
+          t_group = uint64_t{gy} * d.threadgroups_per_grid[0] + gx;
           try {
             kernel->invoke(d.buffers.data(), d.buffers.size(), tg, make_ids(d, gx, gy, tid));
           } catch (const Abort&) {

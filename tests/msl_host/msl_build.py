@@ -45,6 +45,8 @@ KERNEL_INPUTS = [
     HERE / "msl_host_runtime.h",
     HERE / "emulator.h",
     HERE / "emulator.cc",
+    HERE / "memory_traffic.h",
+    HERE / "memory_traffic.cc",
     HERE / "custom_loss_case.h",
     HERE / "custom_loss_driver.h",
     HERE / "custom_loss_driver.cc",
@@ -65,7 +67,9 @@ DTYPES = {"float32": 0, "float16": 1, "bfloat16": 2}
 LABEL_KINDS = {"int32": 0, "int64": 1, "dense": 2}
 DIRECTIONS = {"forward": 0, "gradient": 1}
 VARIANTS = {"auto": -1, "rowtg": 0, "rowsimd": 1}
-ROLES = ["logits", "labels", "class_weights", "params", "error_record", "output", "upstream"]
+ROLES = ["logits", "labels", "class_weights", "params", "error_record", "output", "upstream",
+         "row_scales", "row_stats", "scaled_gradient"]
+MAX_BINDINGS = 12  # TFMO_EMU_MAX_BINDINGS
 
 
 # --------------------------------------------------------------------------------------------
@@ -138,6 +142,7 @@ def _object_jobs(flags: List[str], out_dir: Path, with_main: bool) -> List[List[
         flags + ["-Wno-attributes"] + METAL_AS_CXX + [str(SYNC_EXAMPLES), "-x", "none",
                                                     "-c", "-o", str(out_dir / "examples.o")],
         flags + ["-c", str(HERE / "emulator.cc"), "-o", str(out_dir / "emulator.o")],
+        flags + ["-c", str(HERE / "memory_traffic.cc"), "-o", str(out_dir / "traffic.o")],
         flags + ["-c", str(HERE / "custom_loss_driver.cc"), "-o", str(out_dir / "driver.o")],
         flags + ["-c", str(REPO / "csrc" / "launch_plan.cc"), "-o", str(out_dir / "plan.o")],
     ]
@@ -155,13 +160,40 @@ def build_emulator_library(cache_dir: Path) -> Path:
 
     def build(out_dir: Path, target: Path) -> None:
         _compile_objects(compiler, _object_jobs(flags, out_dir, False), out_dir)
-        objs = [str(out_dir / n) for n in ("kernels.o", "examples.o", "emulator.o", "driver.o",
-                                           "plan.o")]
+        objs = [str(out_dir / n) for n in ("kernels.o", "examples.o", "emulator.o", "traffic.o",
+                                           "driver.o", "plan.o")]
         tmp = out_dir / (target.name + ".tmp")
         _run([compiler, "-shared", "-o", str(tmp)] + objs + ["-lpthread"], out_dir)
         tmp.rename(target)
 
     return _cached_build(cache_dir, key, "libtfmo_msl_emulator.so", build)
+
+
+# The kernels of the traffic-counting build: every load and store calls a hook
+# (memory_traffic.h). -O1 without vectorization, so each access is one scalar load or store of
+# the kernel's own (the hooks exist for 1 to 16 bytes, not for wider vectors).
+TRAFFIC_KERNEL_FLAGS = ["-O1", "-fno-vectorize", "-fno-slp-vectorize",
+                        "-fsanitize-coverage=func,trace-loads,trace-stores"]
+
+
+def build_traffic_library(cache_dir: Path, clang: str) -> Path:
+    """The emulator library with the kernels compiled by clang with access hooks."""
+    flags = COMMON_FLAGS + ["-O2", "-fPIC", "-g0"]
+    kernel_flags = COMMON_FLAGS + ["-fPIC", "-g0"] + TRAFFIC_KERNEL_FLAGS
+    key = "traffic-" + _digest(KERNEL_INPUTS, clang, _compiler_id(clang), *flags, *kernel_flags)
+
+    def build(out_dir: Path, target: Path) -> None:
+        jobs = _object_jobs(flags, out_dir, False)
+        jobs[0] = (kernel_flags + ["-Wno-attributes", "-Wno-unknown-attributes"] + METAL_AS_CXX
+                   + [str(KERNEL_SOURCE), "-x", "none", "-c", "-o", str(out_dir / "kernels.o")])
+        _compile_objects(clang, jobs, out_dir)
+        objs = [str(out_dir / n) for n in ("kernels.o", "examples.o", "emulator.o", "traffic.o",
+                                           "driver.o", "plan.o")]
+        tmp = out_dir / (target.name + ".tmp")
+        _run([clang, "-shared", "-o", str(tmp)] + objs + ["-lpthread"], out_dir)
+        tmp.rename(target)
+
+    return _cached_build(cache_dir, key, "libtfmo_msl_traffic.so", build)
 
 
 def build_tsan_program(cache_dir: Path) -> Path:
@@ -172,8 +204,8 @@ def build_tsan_program(cache_dir: Path) -> Path:
 
     def build(out_dir: Path, target: Path) -> None:
         _compile_objects(compiler, _object_jobs(flags, out_dir, True), out_dir)
-        objs = [str(out_dir / n) for n in ("kernels.o", "examples.o", "emulator.o", "driver.o",
-                                           "plan.o", "main.o")]
+        objs = [str(out_dir / n) for n in ("kernels.o", "examples.o", "emulator.o", "traffic.o",
+                                           "driver.o", "plan.o", "main.o")]
         tmp = out_dir / (target.name + ".tmp")
         _run([compiler, "-fsanitize=thread", "-o", str(tmp)] + objs + ["-lpthread"], out_dir)
         tmp.rename(target)
@@ -259,6 +291,9 @@ class EmuCase(ctypes.Structure):
         ("logits", ctypes.c_void_p), ("labels", ctypes.c_void_p),
         ("class_weights", ctypes.c_void_p), ("upstream", ctypes.c_void_p),
         ("output", ctypes.c_void_p), ("error_record", ctypes.c_void_p),
+        ("has_row_stats", ctypes.c_int32), ("has_row_scales", ctypes.c_int32),
+        ("row_stats", ctypes.c_void_p), ("row_scales", ctypes.c_void_p),
+        ("scaled_gradient", ctypes.c_void_p),
     ]
 
 
@@ -269,8 +304,11 @@ class EmuResult(ctypes.Structure):
         ("threads_per_threadgroup", ctypes.c_uint32 * 3),
         ("threadgroup_memory_length", ctypes.c_uint32),
         ("threads_per_row", ctypes.c_uint32), ("rows_per_threadgroup", ctypes.c_uint32),
-        ("num_bindings", ctypes.c_uint32), ("binding_roles", ctypes.c_int32 * 8),
+        ("num_bindings", ctypes.c_uint32), ("binding_roles", ctypes.c_int32 * MAX_BINDINGS),
         ("kernel_name", ctypes.c_char * 96), ("error", ctypes.c_char * 512),
+        ("memory_counted", ctypes.c_int32), ("reserved2", ctypes.c_int32),
+        ("bytes_read", ctypes.c_uint64 * len(ROLES)),
+        ("bytes_written", ctypes.c_uint64 * len(ROLES)),
     ]
 
 
@@ -290,6 +328,12 @@ class EmuRun:
     output: Optional[np.ndarray]  # float64 view of what the kernel wrote
     raw_output: Optional[np.ndarray]
     error_record: np.ndarray      # 8 uint32 words
+    row_stats: Optional[np.ndarray] = None        # float32 [N, 3]: what a forward wrote
+    scaled_gradient: Optional[np.ndarray] = None  # float64 view, forward given row_scales
+    # Device-memory bytes per role (memory_traffic.h), when the library counts them.
+    memory_counted: bool = False
+    bytes_read: Optional[Dict[str, int]] = None
+    bytes_written: Optional[Dict[str, int]] = None
 
     @property
     def bad_label_count(self) -> int:
@@ -336,8 +380,14 @@ class Emulator:
             ignore_class: Optional[int] = None, upstream: Optional[np.ndarray] = None,
             variant: str = "auto", max_threads: int = 1024, simd_width: int = 32,
             executor: str = "fibers", plan_only: bool = False,
-            num_rows: Optional[int] = None, num_classes: Optional[int] = None) -> EmuRun:
-        """`logits`, `labels` (dense) and `upstream` are *stored* arrays (see `storage`)."""
+            num_rows: Optional[int] = None, num_classes: Optional[int] = None,
+            row_stats: object = None, row_scales: Optional[np.ndarray] = None) -> EmuRun:
+        """`logits`, `labels` (dense) and `upstream` are *stored* arrays (see `storage`).
+
+        `row_stats`: forward: True to have the kernel write them (returned in the run);
+        gradient: the float32 [N, 3] array a forward wrote, to read instead of a log-sum-exp
+        pass. `row_scales` (forward, float32 [N]): also write the scaled gradient.
+        """
         n = int(logits.shape[0]) if num_rows is None else num_rows
         c = int(logits.shape[1]) if num_classes is None else num_classes
         keep: List[np.ndarray] = []
@@ -352,6 +402,14 @@ class Emulator:
         out_shape = (n,) if direction == "forward" else (n, c)
         out = None if plan_only else empty_storage(out_shape, dtype)
         record = np.zeros(8, dtype=np.uint32)
+        has_stats = row_stats is not None and row_stats is not False
+        if direction == "forward":
+            stats = np.full((n, 3), np.nan, np.float32) if has_stats else None
+        else:
+            stats = (np.ascontiguousarray(row_stats, dtype=np.float32) if has_stats else None)
+        scales = None if row_scales is None else np.ascontiguousarray(row_scales, np.float32)
+        scaled = (empty_storage((n, c), dtype)
+                  if scales is not None and not plan_only else None)
         case = EmuCase(
             num_rows=n, num_classes=c, dtype=DTYPES[dtype], label_kind=LABEL_KINDS[label_kind],
             direction=DIRECTIONS[direction], variant=VARIANTS[variant], gamma=gamma,
@@ -364,7 +422,10 @@ class Emulator:
             logits=ptr(logits), labels=ptr(labels),
             class_weights=ptr(None if class_weights is None
                               else np.asarray(class_weights, dtype=np.float32)),
-            upstream=ptr(upstream), output=ptr(out), error_record=record.ctypes.data)
+            upstream=ptr(upstream), output=ptr(out), error_record=record.ctypes.data,
+            has_row_stats=int(has_stats), has_row_scales=int(scales is not None),
+            row_stats=None if stats is None or not stats.size else stats.ctypes.data,
+            row_scales=ptr(scales), scaled_gradient=ptr(scaled))
         result = EmuResult()
         self._lib.tfmo_emu_run(ctypes.byref(case), ctypes.byref(result))
         variant_names = {0: "rowtg", 1: "rowsimd"}
@@ -379,7 +440,12 @@ class Emulator:
             rows_per_threadgroup=int(result.rows_per_threadgroup),
             bindings=[ROLES[r] for r in list(result.binding_roles)[:result.num_bindings]],
             output=None if out is None else as_float64(out, dtype),
-            raw_output=out, error_record=record)
+            raw_output=out, error_record=record,
+            row_stats=stats if direction == "forward" else None,
+            scaled_gradient=None if scaled is None else as_float64(scaled, dtype),
+            memory_counted=bool(result.memory_counted),
+            bytes_read=dict(zip(ROLES, [int(v) for v in result.bytes_read])),
+            bytes_written=dict(zip(ROLES, [int(v) for v in result.bytes_written])))
 
 
 def write_case_dir(directory: Path, fields: Dict[str, object],
@@ -387,7 +453,7 @@ def write_case_dir(directory: Path, fields: Dict[str, object],
     """The input of `custom_loss_driver_main case DIR`."""
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "case.txt").write_text("".join(f"{k} {v}\n" for k, v in fields.items()))
-    for name in ("logits", "labels", "class_weights", "upstream"):
+    for name in ("logits", "labels", "class_weights", "upstream", "row_scales", "row_stats"):
         a = arrays.get(name)
         (directory / f"{name}.bin").write_bytes(b"" if a is None
                                                 else np.ascontiguousarray(a).tobytes())

@@ -45,6 +45,10 @@ enum SimdOp : int { kSimdSum = 0, kSimdMax = 1, kSimdShuffleXor = 2 };
 void threadgroup_barrier();
 float simd_collective(SimdOp op, float value, uint32_t arg);
 
+// Which threadgroup of the dispatch the calling GPU thread belongs to (linear index), for the
+// traffic counter (memory_traffic.h).
+uint64_t current_threadgroup();
+
 }  // namespace msl_host
 
 #endif  // TF_METAL_OPS_TESTS_MSL_HOST_MSL_HOST_RUNTIME_H_
