@@ -14,10 +14,18 @@ namespace {
 constexpr uint32_t kMaxGridDimension = 65535;
 // The kernels index rows and classes with 32-bit integers (offsets into the tensors with 64).
 constexpr int64_t kMaxIndex = (int64_t{1} << 31) - 1;
-// Values per thread the geometry aims for: enough work per thread to hide the loop overhead,
-// few enough that the parallelism stays.
+// Values per thread the geometry aims for: enough work per thread that a row's reductions
+// (shuffles, barriers, the log-sum-exp combines) cost little beside its elements, few enough
+// that the parallelism stays.
 constexpr int64_t kLaneGroupValuesPerLane = 8;
-constexpr int64_t kThreadgroupValuesPerThread = 4;
+constexpr int64_t kThreadgroupValuesPerThread = 16;
+// Threads per row of the row-per-threadgroup kernels, at most: a row of 512 threads leaves room
+// for a second row's threadgroup on a core while the first waits at its barriers. The only
+// measurements of these kernels on a GPU (an NVIDIA H200 through tests/msl_cuda; RESULTS.md there)
+// chose both figures: at 1000 classes 64 threads per row beat 256 by 1.6x; at 32000 and 128256
+// classes 256 to 512 beat 1024 by 1.1x and 1.4x. Apple GPUs share the shape they depend on
+// (32-wide SIMD-groups, up to 1024 threads per threadgroup); no Apple GPU has timed them.
+constexpr uint64_t kMaxThreadsPerRow = 512;
 // Threads per threadgroup of the lane-group variant: 8 SIMD-groups, several threadgroups per core.
 constexpr uint32_t kLaneGroupThreadgroupSize = 256;
 // Floats of threadgroup scratch per SIMD-group in the row-per-threadgroup kernels: the partial
@@ -178,6 +186,7 @@ LaunchPlan PlanLaunch(const LaunchDesc& desc, const PipelineLimits& limits) {
     plan.threadgroup_memory_length = 0;
   } else {
     threads = RoundUp(CeilDiv(c, kThreadgroupValuesPerThread), width);
+    if (threads > kMaxThreadsPerRow) threads = kMaxThreadsPerRow / width * width;
     if (threads > max_threads) threads = max_threads;
     p.threads_per_row = static_cast<tfmo_u32>(threads);
     p.rows_per_threadgroup = 1;

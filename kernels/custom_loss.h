@@ -72,7 +72,7 @@ namespace tfmo {
 using namespace metal;
 
 // ---- a thread's running sums -----------------------------------------------------------------
-// Each thread of a row adds up C / threads terms (256 at C = 262144 with 1024 threads). Added
+// Each thread of a row adds up C / threads terms (512 at C = 262144 with 512 threads). Added
 // plainly, the error grows with that count, and where one thread holds a large term (the
 // labelled class's weight beside the smoothed classes' eps / C each) the small terms added to it
 // all round the same way. Neumaier's compensated sum carries each addition's rounding error

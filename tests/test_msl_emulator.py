@@ -525,7 +525,9 @@ def test_msl_launch_plan_geometry_and_bindings(emu):
     grad = plan(10, 50, "gradient")
     assert grad.bindings == common + ["upstream", "row_stats"]
     # A threadgroup per row: 5 floats of scratch per SIMD-group (the loss and G side by side).
-    assert plan(10, 1000).threadgroup_memory_length == 256 // 32 * 5 * 4
+    # (1000 classes: 16 per thread -> 64 threads, 2 SIMD-groups; rounded up to 16 bytes.)
+    assert plan(10, 1000).threads_per_threadgroup == (64, 1, 1)
+    assert plan(10, 1000).threadgroup_memory_length == 48
     # C <= 256: lane groups; above: a threadgroup per row.
     assert plan(10, 256).variant == "rowsimd" and plan(10, 257).variant == "rowtg"
     assert plan(10, 256).threadgroup_memory_length == 0
@@ -536,9 +538,10 @@ def test_msl_launch_plan_geometry_and_bindings(emu):
     big = plan(20_000_000, 3)
     gx, gy, _ = big.threadgroups_per_grid
     assert gx <= 65535 and gx * gy * big.rows_per_threadgroup >= 20_000_000
-    # A large C gets the largest threadgroup the pipeline allows.
-    assert plan(8, 262144).threads_per_threadgroup == (1024, 1, 1)
-    assert plan(8, 262144, max_threads=640).threads_per_threadgroup == (640, 1, 1)
+    # A large C gets 512 threads a row, or fewer when the pipeline allows fewer.
+    assert plan(8, 262144).threads_per_threadgroup == (512, 1, 1)
+    assert plan(8, 262144, max_threads=384).threads_per_threadgroup == (384, 1, 1)
+    assert plan(8, 262144, simd_width=64).threads_per_threadgroup == (512, 1, 1)
     # N = 0: a valid plan with nothing to dispatch.
     empty = plan(0, 7)
     assert not empty.dispatched and empty.threadgroups_per_grid == (0, 0, 0)
