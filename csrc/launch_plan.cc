@@ -88,6 +88,17 @@ std::string CheckDesc(const LaunchDesc& d) {
   return "";
 }
 
+// Variant selection (shape only). A row fits one SIMD-group when C <= kMaxLaneGroupClasses:
+// then rows go to groups of lanes (many rows per threadgroup, register-only shuffles);
+// otherwise a whole threadgroup reduces each row through SIMD-group and threadgroup memory.
+constexpr int64_t kMaxLaneGroupClasses = 256;
+
+KernelVariant ChooseVariant(const LaunchDesc& desc) {
+  if (desc.variant != KernelVariant::kAuto) return desc.variant;
+  return desc.num_classes <= kMaxLaneGroupClasses ? KernelVariant::kRowPerLaneGroup
+                                                  : KernelVariant::kRowPerThreadgroup;
+}
+
 }  // namespace
 
 const char* BufferRoleName(BufferRole role) {
@@ -104,12 +115,6 @@ const char* BufferRoleName(BufferRole role) {
     case BufferRole::kScaledGradient: return "scaled_gradient";
   }
   return "?";
-}
-
-KernelVariant ChooseVariant(const LaunchDesc& desc) {
-  if (desc.variant != KernelVariant::kAuto) return desc.variant;
-  return desc.num_classes <= kMaxLaneGroupClasses ? KernelVariant::kRowPerLaneGroup
-                                                  : KernelVariant::kRowPerThreadgroup;
 }
 
 std::string KernelName(const LaunchDesc& desc) {

@@ -114,12 +114,6 @@ struct LaunchPlan {
   CustomLossParams params{};               // the bytes to send at the kParams binding
 };
 
-// Variant selection (shape only). A row fits one SIMD-group when C <= kMaxLaneGroupClasses:
-// then rows go to groups of lanes (many rows per threadgroup, register-only shuffles);
-// otherwise a whole threadgroup reduces each row through SIMD-group and threadgroup memory.
-inline constexpr int64_t kMaxLaneGroupClasses = 256;
-KernelVariant ChooseVariant(const LaunchDesc& desc);
-
 // "tfmo_custom_loss_<forward|gradient>_<rowtg|rowsimd>_<f32|f16|bf16>_<i32|i64|dense>": the
 // [[host_name]] in kernels/custom_loss.metal. Empty if the desc is invalid.
 std::string KernelName(const LaunchDesc& desc);
