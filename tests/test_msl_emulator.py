@@ -88,20 +88,25 @@ def assert_grad_close(actual, expected, dtype, what=""):
         f"reference {expected[tuple(np.argwhere(bad)[0])]!r}")
 
 
+def _stored_inputs(logits, labels, label_kind, dtype):
+    """The logits and labels as the kernels store them, and the float64 values they hold."""
+    z_store = mb.storage(logits, dtype)
+    if label_kind == "dense":
+        y_store = mb.storage(labels, dtype)
+        y_ref = mb.as_float64(y_store, dtype)
+    else:
+        y_store = np.ascontiguousarray(labels, np.int32 if label_kind == "int32" else np.int64)
+        y_ref = y_store
+    return z_store, mb.as_float64(z_store, dtype), y_store, y_ref
+
+
 def run_and_compare(emu, ref, *, logits, labels, label_kind="int32", dtype="float32",
                     gamma=0.0, label_smoothing=0.0, class_weights=None, ignore_class=None,
                     upstream=None, variant="auto", max_threads=1024, simd_width=32,
                     executor="fibers", what=""):
     """Forward and gradient through the emulator vs the reference; returns the two runs."""
     n, c = logits.shape
-    z_store = mb.storage(logits, dtype)
-    z = mb.as_float64(z_store, dtype)
-    if label_kind == "dense":
-        y_store = mb.storage(labels, dtype)
-        y_ref = mb.as_float64(y_store, dtype)
-    else:
-        y_store = np.ascontiguousarray(labels, dtype=np.int32 if label_kind == "int32" else np.int64)
-        y_ref = y_store
+    z_store, z, y_store, y_ref = _stored_inputs(logits, labels, label_kind, dtype)
     if upstream is None:
         upstream = _rng("upstream", n).uniform(-2.0, 2.0, n)
     u_store = mb.storage(upstream, dtype)
@@ -394,14 +399,7 @@ def test_emulated_row_stats_and_scaled_gradient(emu, ref, dtype, variant, num_cl
     if ignored:
         ignore_class = int(labels[3])
     weights = rng.uniform(0.2, 2.0, c).astype(np.float32) if weighted else None
-    z_store = mb.storage(logits, dtype)
-    z = mb.as_float64(z_store, dtype)
-    if label_kind == "dense":
-        y_store = mb.storage(labels, dtype)
-        y_ref = mb.as_float64(y_store, dtype)
-    else:
-        y_store = np.ascontiguousarray(labels, np.int32 if label_kind == "int32" else np.int64)
-        y_ref = y_store
+    z_store, z, y_store, y_ref = _stored_inputs(logits, labels, label_kind, dtype)
     kw = dict(gamma=gamma, label_smoothing=eps, class_weights=weights, ignore_class=ignore_class)
     common = dict(logits=z_store, labels=y_store, dtype=dtype, label_kind=label_kind,
                   variant=variant, **kw)

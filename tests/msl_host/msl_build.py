@@ -152,6 +152,16 @@ def _object_jobs(flags: List[str], out_dir: Path, with_main: bool) -> List[List[
     return jobs
 
 
+def _link_emulator_library(compiler: str, jobs: list, out_dir: Path, target: Path) -> None:
+    """Compiles `jobs` (_object_jobs's list) and links the emulator's shared library."""
+    _compile_objects(compiler, jobs, out_dir)
+    objs = [str(out_dir / n) for n in ("kernels.o", "examples.o", "emulator.o", "traffic.o",
+                                       "driver.o", "plan.o")]
+    tmp = out_dir / (target.name + ".tmp")
+    _run([compiler, "-shared", "-o", str(tmp)] + objs + ["-lpthread"], out_dir)
+    tmp.rename(target)
+
+
 def build_emulator_library(cache_dir: Path) -> Path:
     """The shared library with every kernel, the emulator and the ctypes driver."""
     compiler = cxx()
@@ -159,12 +169,7 @@ def build_emulator_library(cache_dir: Path) -> Path:
     key = "emu-" + _digest(KERNEL_INPUTS, compiler, _compiler_id(compiler), *flags)
 
     def build(out_dir: Path, target: Path) -> None:
-        _compile_objects(compiler, _object_jobs(flags, out_dir, False), out_dir)
-        objs = [str(out_dir / n) for n in ("kernels.o", "examples.o", "emulator.o", "traffic.o",
-                                           "driver.o", "plan.o")]
-        tmp = out_dir / (target.name + ".tmp")
-        _run([compiler, "-shared", "-o", str(tmp)] + objs + ["-lpthread"], out_dir)
-        tmp.rename(target)
+        _link_emulator_library(compiler, _object_jobs(flags, out_dir, False), out_dir, target)
 
     return _cached_build(cache_dir, key, "libtfmo_msl_emulator.so", build)
 
@@ -186,12 +191,7 @@ def build_traffic_library(cache_dir: Path, clang: str) -> Path:
         jobs = _object_jobs(flags, out_dir, False)
         jobs[0] = (kernel_flags + ["-Wno-attributes", "-Wno-unknown-attributes"] + METAL_AS_CXX
                    + [str(KERNEL_SOURCE), "-x", "none", "-c", "-o", str(out_dir / "kernels.o")])
-        _compile_objects(clang, jobs, out_dir)
-        objs = [str(out_dir / n) for n in ("kernels.o", "examples.o", "emulator.o", "traffic.o",
-                                           "driver.o", "plan.o")]
-        tmp = out_dir / (target.name + ".tmp")
-        _run([clang, "-shared", "-o", str(tmp)] + objs + ["-lpthread"], out_dir)
-        tmp.rename(target)
+        _link_emulator_library(clang, jobs, out_dir, target)
 
     return _cached_build(cache_dir, key, "libtfmo_msl_traffic.so", build)
 
