@@ -354,33 +354,13 @@ extern "C" int tfmo_cuda_run(const TfmoEmuCase* c, TfmoEmuResult* result, void* 
       return fail("plan: binding indices are not 0..n-1");
     bound[b.index] = true;
     result->binding_roles[b.index] = static_cast<int32_t>(b.role);
-    void* pointer = nullptr;
-    switch (b.role) {
-      case BufferRole::kLogits: pointer = const_cast<void*>(c->logits); break;
-      case BufferRole::kLabels: pointer = const_cast<void*>(c->labels); break;
-      // Null when absent: a kernel that read it anyway would fault (memcheck names it).
-      case BufferRole::kClassWeights:
-        pointer = const_cast<float*>(c->has_class_weights ? c->class_weights : nullptr);
-        break;
-      case BufferRole::kParams:
-        if (!b.inline_bytes || b.length != sizeof(CustomLossParams))
-          return fail("plan: params binding is not inline");
-        std::memcpy(args.inline_bytes, &plan.params, sizeof(CustomLossParams));
-        args.inline_index = b.index;
-        break;
-      case BufferRole::kErrorRecord: pointer = c->error_record; break;
-      case BufferRole::kOutput: pointer = c->output; break;
-      case BufferRole::kUpstream: pointer = const_cast<void*>(c->upstream); break;
-      // Null when unused, as class_weights (memcheck names a kernel that touched them anyway).
-      case BufferRole::kRowScales:
-        pointer = const_cast<float*>(c->has_row_scales ? c->row_scales : nullptr);
-        break;
-      case BufferRole::kRowStats: pointer = c->has_row_stats ? c->row_stats : nullptr; break;
-      case BufferRole::kScaledGradient:
-        pointer = c->has_row_scales ? c->scaled_gradient : nullptr;
-        break;
+    if (b.role == BufferRole::kParams) {
+      if (!b.inline_bytes || b.length != sizeof(CustomLossParams))
+        return fail("plan: params binding is not inline");
+      std::memcpy(args.inline_bytes, &plan.params, sizeof(CustomLossParams));
+      args.inline_index = b.index;
     }
-    args.buffers[b.index] = pointer;
+    args.buffers[b.index] = msl_host::CaseBuffer(*c, b.role);
   }
   args.num_buffers = static_cast<uint32_t>(plan.bindings.size());
   // The kernel's own parameter list must be what the plan binds (+ the scratch, rowtg).

@@ -85,6 +85,28 @@ inline tf_metal_ops::gpu::LaunchDesc LaunchDescOf(const TfmoEmuCase& c) {
   return desc;
 }
 
+// The case's memory for a buffer role the plan binds (not kParams: those are bytes, which each
+// driver sends its own way). Inputs a case does not use are null: a kernel that read one anyway
+// would fault (crash the emulator; compute-sanitizer's memcheck names it on a GPU).
+inline void* CaseBuffer(const TfmoEmuCase& c, tf_metal_ops::gpu::BufferRole role) {
+  using tf_metal_ops::gpu::BufferRole;
+  switch (role) {
+    case BufferRole::kLogits: return const_cast<void*>(c.logits);
+    case BufferRole::kLabels: return const_cast<void*>(c.labels);
+    case BufferRole::kClassWeights:
+      return c.has_class_weights ? const_cast<float*>(c.class_weights) : nullptr;
+    case BufferRole::kParams: return nullptr;
+    case BufferRole::kErrorRecord: return c.error_record;
+    case BufferRole::kOutput: return c.output;
+    case BufferRole::kUpstream: return const_cast<void*>(c.upstream);
+    case BufferRole::kRowScales:
+      return c.has_row_scales ? const_cast<float*>(c.row_scales) : nullptr;
+    case BufferRole::kRowStats: return c.has_row_stats ? c.row_stats : nullptr;
+    case BufferRole::kScaledGradient: return c.has_row_scales ? c.scaled_gradient : nullptr;
+  }
+  return nullptr;
+}
+
 // The plan's kernel, geometry and binding count, as the result reports them.
 inline void ReportPlan(const tf_metal_ops::gpu::LaunchPlan& plan, TfmoEmuResult* result) {
   std::snprintf(result->kernel_name, sizeof(result->kernel_name), "%s", plan.kernel_name.c_str());

@@ -61,34 +61,11 @@ extern "C" int tfmo_emu_run(const TfmoEmuCase* c, TfmoEmuResult* result) {
     if (b.index < TFMO_EMU_MAX_BINDINGS) {
       result->binding_roles[b.index] = static_cast<int32_t>(b.role);
     }
-    void* pointer = nullptr;
-    switch (b.role) {
-      case BufferRole::kLogits: pointer = const_cast<void*>(c->logits); break;
-      case BufferRole::kLabels: pointer = const_cast<void*>(c->labels); break;
-      // Null when absent: a kernel that read it anyway would crash the test.
-      case BufferRole::kClassWeights:
-        pointer = const_cast<float*>(c->has_class_weights ? c->class_weights : nullptr);
-        break;
-      case BufferRole::kParams:
-        if (!b.inline_bytes || b.length != sizeof(CustomLossParams)) {
-          copy_text(result->error, sizeof(result->error), "plan: params binding is not inline");
-          return 0;
-        }
-        pointer = &params;
-        break;
-      case BufferRole::kErrorRecord: pointer = record; break;
-      case BufferRole::kOutput: pointer = c->output; break;
-      case BufferRole::kUpstream: pointer = const_cast<void*>(c->upstream); break;
-      // Null when unused, as class_weights: a kernel that touched them anyway would crash.
-      case BufferRole::kRowScales:
-        pointer = const_cast<float*>(c->has_row_scales ? c->row_scales : nullptr);
-        break;
-      case BufferRole::kRowStats: pointer = c->has_row_stats ? c->row_stats : nullptr; break;
-      case BufferRole::kScaledGradient:
-        pointer = c->has_row_scales ? c->scaled_gradient : nullptr;
-        break;
+    if (b.role == BufferRole::kParams && (!b.inline_bytes || b.length != sizeof(CustomLossParams))) {
+      copy_text(result->error, sizeof(result->error), "plan: params binding is not inline");
+      return 0;
     }
-    buffers[b.index] = pointer;
+    buffers[b.index] = b.role == BufferRole::kParams ? &params : msl_host::CaseBuffer(*c, b.role);
   }
   if (c->plan_only) {
     result->ok = 1;
