@@ -375,8 +375,20 @@ inline RowLse read_row_stats(const device float* stats, uint row) {
 // weight has g_j = 0, where p_j (G - g_j) - g_j r_j is p_j G (up to the sign of a zero): r_j,
 // an exp, a log and a division (expm1_nonpositive), is only computed where it counts, which for
 // sparse labels without smoothing is one class of the row.
+// With gamma == 0, g_j = w_j holds no r_j, and r_j only matters in g_j r_j: where p_j <= 1/2,
+// 1 - p_j is that r_j to within p_j's own rounding (r_j >= 1/2, so the subtraction adds at
+// most half an ulp), as the CPU's vector rows do (csrc/cpu/simd_rows.h); the expm1 (a log and
+// a division) is kept for p_j > 1/2, where 1 - p_j would lose r_j's digits, and for NaN.
+// gradient_parts(lp, w, 0) has g = w * 1 = w, bitwise the g used here.
 inline float class_gradient(float lp, float w, float gamma, float big_g) {
   if (w == 0.0f) return math::exp(lp) * big_g;
+  if (gamma == 0.0f) {
+    GradientParts<float> t;
+    t.p = math::exp(lp);
+    t.r = t.p <= 0.5f ? 1.0f - t.p : one_minus_p_given_p(lp, t.p);
+    t.g = w;
+    return gradient_value(t, big_g);
+  }
   return gradient_value(gradient_parts(lp, w, gamma), big_g);
 }
 
