@@ -133,7 +133,9 @@ def main(root: Path) -> int:
     env = _read(root / "env.txt").strip()
     lines += ["```", env, "```", ""]
     kernels = _read(root / "kernels.txt").strip().splitlines()
-    nvrtc = _read(root / "nvrtc_log.txt")
+    # Less run_on_gpu.sh's own closing line, which says "warnings: N" itself.
+    nvrtc = "\n".join(line for line in _read(root / "nvrtc_log.txt").splitlines()
+                      if not line.startswith("== NVRTC compiled"))
     lines += [f"NVRTC: {kernels[-1] if kernels else 'no kernels'} compiled from the unchanged "
               f"kernels/custom_loss.metal; {nvrtc.count('warning')} warnings; "
               f"{nvrtc.count('bytes spill stores') - nvrtc.count(' 0 bytes spill stores')} "
