@@ -8,8 +8,9 @@ language model's head: the mean loss and its gradients with respect to h, W and 
     dense_custom    h @ W + b (what Dense(V) computes), then tf_metal_ops.CustomLoss()
     dense_keras     h @ W + b, then keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
-Per case: the peak extra memory over the timed steps (VmHWM after clear_refs minus VmRSS just
-before them, as `lm_head_memory` measures) and the median time of a step. And, on the first
+Per case: the peak extra memory of a warm-up and the timed steps (VmHWM after clear_refs minus
+VmRSS after tracing, before any step ran: unlike `lm_head_memory`, which starts after a warm-up
+step, this counts what allocators keep between steps) and the median time of a timed step. And, on the first
 ERROR_ROWS rows, the error of fused's and dense_custom's loss and of their three gradients
 against the same step in float64 (`custom_loss` on float64 logits, whose kernel is exact to
 ~1e-15), in the vocabulary-scale measure: max over rows of max |got - exact| / (1 + max |exact|
@@ -119,17 +120,21 @@ def child(case: str, rows: int, hidden: int, classes: int, steps: int) -> Dict[s
     h_np, w_np, b_np, labels_np = _inputs(rows, hidden, classes)
     args = [tf.constant(labels_np), tf.constant(h_np), tf.constant(w_np), tf.constant(b_np)]
     step = _step(case)
-    step(*args)[0].numpy()  # traces, and lets allocators reach their steady state
+    # Traced without running, so that what the steps keep cached between them (allocators'
+    # pools, a buffer set aside for the next step) counts too: the baseline is taken before
+    # any step ran, and the first, untimed step is inside the measured peak.
+    step.get_concrete_function(*args)
     gc.collect()
     if not _reset_peak_rss():
         raise RuntimeError("the linear-head memory figure needs Linux's /proc/self/clear_refs")
     before = _status_kib("VmRSS")
     times: List[float] = []
-    for _ in range(steps):
+    for repeat in range(steps + 1):
         start = time.perf_counter()
         outputs = step(*args)
         outputs[0].numpy()
-        times.append(time.perf_counter() - start)
+        if repeat:
+            times.append(time.perf_counter() - start)
         del outputs
     peak = _status_kib("VmHWM")
     result = {"case": case, "extra_bytes": 1024 * (peak - before),
@@ -144,7 +149,8 @@ def measure(rows: int, hidden: int, classes: Sequence[int], steps: int,
     """The section: every case at every vocabulary size, each in a child process."""
     results: Dict[str, Any] = {
         "rows": rows, "hidden": hidden, "steps": steps, "dtype": "float32",
-        "method": f"VmHWM after clear_refs minus VmRSS before {steps} steps; median step time",
+        "method": (f"VmHWM after clear_refs minus VmRSS before any step ran (a warm-up and "
+                   f"{steps} timed steps); median time of the timed steps"),
         "cases": {name: description for name, description in CASES},
         "sizes": [],
     }
