@@ -328,12 +328,12 @@ def linear_cross_entropy(
             chunk_size = min(chunk_size, static_rows)
         problem.labels = flat_labels
         sum_dtype = _sum_dtype(compute_dtype)
-        valid = _valid_rows(flat_labels, dense, ignore_class)
+        valid = tf.cast(_valid_rows(flat_labels, dense, ignore_class), sum_dtype)
         if reduction == "mean":
             scales = tf.math.divide_no_nan(valid, tf.reduce_sum(valid))
         else:
             scales = tf.ones_like(valid)
-        scales = tf.stop_gradient(tf.cast(scales, sum_dtype))
+        scales = tf.stop_gradient(scales)
         args = (problem, flat_labels, scales, chunk_size, sum_dtype)
         if b is None:  # a zero bias: its gradient, computed and dropped, is one row of V
             b = tf.zeros([v_dynamic], compute_dtype)
