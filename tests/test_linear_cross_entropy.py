@@ -306,9 +306,9 @@ def test_bad_inputs_name_the_argument_and_value():
     assert float(lce(tf.constant([0, -1, 2, 3]), h, w, ignore_class=-1)) > 0
 
 
-def test_default_chunk_holds_about_64_mib_of_logits():
-    assert default_chunk_size(32000) == 524
-    assert default_chunk_size(128256) == 130
+def test_default_chunk_holds_about_32_mib_of_logits():
+    assert default_chunk_size(32000) == 262
+    assert default_chunk_size(128256) == 65
     assert default_chunk_size(10, rows=100) == 100
     assert default_chunk_size(10 ** 9) == 1
 
@@ -316,10 +316,10 @@ def test_default_chunk_holds_about_64_mib_of_logits():
 # ---- memory: the bench's child process, small enough for CI ---------------------------------
 
 def test_peak_memory_stays_far_below_the_logits():
-    """At N = 8192, V = 20000 the logits are 625 MiB; fused with its default chunks (64 MiB
-    of logits) must stay under a quarter of that, while Dense(V) + CustomLoss reaches most of it
-    (so the measurement sees what it should)."""
-    rows, hidden, classes = 8192, 32, 20000
+    """At N = 8192, V = 40000 the logits are 1250 MiB; fused with its default chunks (32 MiB
+    of logits; an allocator's pool may hold several) must stay under 30 % of that, while
+    Dense(V) + CustomLoss reaches most of it (so the measurement sees what it should)."""
+    rows, hidden, classes = 8192, 32, 40000
     logits_bytes = 4 * rows * classes
     extra = {}
     for case in ("fused", "dense_custom"):
@@ -333,7 +333,7 @@ def test_peak_memory_stays_far_below_the_logits():
         for name, error in found["errors"].items():
             assert error < 1e-6, f"{case}: {name} error {error}"
     assert extra["dense_custom"] > 0.8 * logits_bytes, extra
-    assert extra["fused"] < 0.25 * logits_bytes, extra
+    assert extra["fused"] < 0.3 * logits_bytes, extra
 
 
 # ---- the Keras head --------------------------------------------------------------------------
