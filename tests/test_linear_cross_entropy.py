@@ -224,7 +224,6 @@ def test_empty_and_small_batches(rows, reduction):
     b = tf.constant(rng.normal(size=11).astype(np.float32))
     labels = tf.constant(rng.integers(0, 11, rows).astype(np.int32))
     loss, (dh, dw, db) = _plain_step(labels, h, w, b, reduction=reduction, chunk_size=8)
-    want_loss, (want_dh, want_dw, want_db) = (lambda: None, None)[1] or (None, (None,) * 3)
     with tf.GradientTape() as tape:
         tape.watch([h, w, b])
         per_row = tf_metal_ops.custom_loss(labels, h @ w + b)
@@ -441,3 +440,35 @@ def test_head_under_mirrored_strategy_trains_as_one_device(tmp_path):
     assert facts["replicas"] == 2
     assert facts["moved"] > 0.05
     assert facts["max_difference"] < 2e-5, facts
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_batch_of_unknown_size_under_tf_function(reduction):
+    """Keras traces fit with a batch of unknown size: the chunk is then bounded at run time
+    (here the default chunk would be far larger than the 37 rows)."""
+    option = "ignore_class, focal"
+    h, w, b, labels, op, _, upstream = inputs(option)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, WIDTH]), tf.TensorSpec([None], tf.int64)])
+    def run(h_t, y):
+        with tf.GradientTape() as tape:
+            tape.watch(h_t)
+            loss = tf_metal_ops.linear_cross_entropy(y, h_t, w, b, reduction=reduction, **op)
+            total = loss if reduction is not None else tf.reduce_sum(loss * upstream)
+        return loss, tape.gradient(total, h_t)
+
+    loss, dh = run(tf.constant(h), tf.constant(labels))
+    want = ours(option, reduction, None)
+    np.testing.assert_allclose(loss.numpy(), want[0], rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(dh.numpy(), want[1], rtol=1e-5, atol=1e-9)
+
+
+def test_head_under_keras_jit_compile_runs_the_composed_path():
+    x, y, w = _lm_data()
+    model = _head_model()
+    model.compile("sgd", loss=tf_metal_ops.PerTokenLoss())
+    plain = model.evaluate([x, y], y, sample_weight=w, verbose=0)
+    model.compile("sgd", loss=tf_metal_ops.PerTokenLoss(), jit_compile=True)
+    compiled = model.evaluate([x, y], y, sample_weight=w, verbose=0)
+    assert tf_metal_ops.loss_path_info()["last"]["path"] == "composed (XLA)"
+    np.testing.assert_allclose(compiled, plain, rtol=1e-5)

@@ -27,7 +27,7 @@ every iteration the same static shapes: the loop compiles under XLA, where the c
 from __future__ import annotations
 
 import numbers
-from typing import Any, Optional, Tuple
+from typing import Any, Optional, Tuple, Union
 
 import numpy as np
 import tensorflow as tf
@@ -132,10 +132,8 @@ def _pad_rows(tensor: tf.Tensor, padded_rows: tf.Tensor) -> tf.Tensor:
 class _Problem:
     """Everything a chunk needs that does not change from chunk to chunk."""
 
-    def __init__(self, labels: tf.Tensor, dense: bool, class_weights: Optional[TensorLike],
-                 weights_t: tf.Tensor, attrs: dict, native: bool, can_raise: bool,
-                 compute_dtype: tf.DType) -> None:
-        self.labels = labels
+    def __init__(self, dense: bool, class_weights: Optional[TensorLike], weights_t: tf.Tensor,
+                 attrs: dict, native: bool, can_raise: bool, compute_dtype: tf.DType) -> None:
         self.dense = dense
         self.class_weights = class_weights
         self.weights_t = weights_t
@@ -311,7 +309,7 @@ def linear_cross_entropy(
         attrs = dict(gamma=gamma, label_smoothing=label_smoothing,
                      has_ignore_class=ignore_class is not None,
                      ignore_class=0 if ignore_class is None else ignore_class)
-        problem = _Problem(None, dense, class_weights, weights_t, attrs, native, can_raise,
+        problem = _Problem(dense, class_weights, weights_t, attrs, native, can_raise,
                            compute_dtype)
 
         rows_shape = tf.shape(h)[:-1]
@@ -328,7 +326,10 @@ def linear_cross_entropy(
             chunk_size = default_chunk_size(num_classes or 1, static_rows)
         elif static_rows:
             chunk_size = min(chunk_size, static_rows)
-        problem.labels = flat_labels
+        if static_rows is None:
+            # A batch of unknown size (Keras traces fit with one) is not padded to a chunk
+            # much larger than itself: the chunk is no more than the rows, at run time.
+            chunk_size = tf.minimum(chunk_size, tf.maximum(tf.shape(h2)[0], 1))
         sum_dtype = _sum_dtype(compute_dtype)
         valid = tf.cast(_valid_rows(flat_labels, dense, ignore_class), sum_dtype)
         if reduction == "mean":
@@ -344,23 +345,28 @@ def linear_cross_entropy(
         return _reduced(h2, w, b, *args)
 
 
-def _chunking(rows: tf.Tensor, chunk_size: int) -> Tuple[tf.Tensor, tf.Tensor]:
+def _static(chunk_size: Union[int, tf.Tensor]) -> Optional[int]:
+    return chunk_size if isinstance(chunk_size, int) else None
+
+
+def _chunking(rows: tf.Tensor, chunk_size) -> Tuple[tf.Tensor, tf.Tensor]:
     """(number of chunks, rows once padded to whole chunks)."""
     chunks = (rows + chunk_size - 1) // chunk_size
     return chunks, chunks * chunk_size
 
 
-def _chunked(tensor: tf.Tensor, padded_rows: tf.Tensor, chunk_size: int) -> tf.Tensor:
+def _chunked(tensor: tf.Tensor, padded_rows: tf.Tensor, chunk_size) -> tf.Tensor:
     """[rows, ...] -> [chunks, chunk_size, ...], padded with zeros."""
     padded = _pad_rows(tensor, padded_rows)
-    return tf.reshape(padded, tf.concat([[-1, chunk_size], tf.shape(tensor)[1:]], 0))
+    shaped = tf.reshape(padded, tf.concat([[-1, chunk_size], tf.shape(tensor)[1:]], 0))
+    return tf.ensure_shape(shaped, [None, _static(chunk_size)] + tensor.shape[1:].as_list())
 
 
 def _logits(hc: tf.Tensor, w: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
     return tf.nn.bias_add(tf.matmul(hc, w), b)
 
 
-def _reduced(h2, w_in, b_in, problem: _Problem, labels, scales, chunk_size: int, sum_dtype):
+def _reduced(h2, w_in, b_in, problem: _Problem, labels, scales, chunk_size, sum_dtype):
     compute_dtype = problem.compute_dtype
 
     @tf.custom_gradient
@@ -407,7 +413,7 @@ def _reduced(h2, w_in, b_in, problem: _Problem, labels, scales, chunk_size: int,
     return fused(h2, w_in, b_in)
 
 
-def _unreduced(h2, w_in, b_in, problem: _Problem, labels, scales, chunk_size: int, sum_dtype):
+def _unreduced(h2, w_in, b_in, problem: _Problem, labels, scales, chunk_size, sum_dtype):
     compute_dtype = problem.compute_dtype
     del scales
 
@@ -419,8 +425,9 @@ def _unreduced(h2, w_in, b_in, problem: _Problem, labels, scales, chunk_size: in
         chunks, padded = _chunking(rows, chunk_size)
         h3 = _chunked(h, padded, chunk_size)
         y3 = _chunked(labels, padded, chunk_size)
-        loss_parts = tf.TensorArray(sum_dtype, size=chunks, element_shape=[chunk_size])
-        stats_parts = tf.TensorArray(sum_dtype, size=chunks, element_shape=[chunk_size, 3])
+        loss_parts = tf.TensorArray(sum_dtype, size=chunks, element_shape=[_static(chunk_size)])
+        stats_parts = tf.TensorArray(sum_dtype, size=chunks,
+                                     element_shape=[_static(chunk_size), 3])
 
         def body(i, loss_parts, stats_parts):
             loss, stats = problem.losses_and_row_stats(_logits(h3[i], w, b), y3[i])
