@@ -305,9 +305,11 @@ def test_bad_inputs_name_the_argument_and_value():
     assert float(lce(tf.constant([0, -1, 2, 3]), h, w, ignore_class=-1)) > 0
 
 
-def test_default_chunk_holds_about_32_mib_of_logits():
+def test_default_chunk_holds_32_mib_of_logits_or_half_a_kernel():
     assert default_chunk_size(32000) == 262
     assert default_chunk_size(128256) == 65
+    assert default_chunk_size(32000, width=512) == 262
+    assert default_chunk_size(128256, width=512) == 256  # d / 2 rows: half of dW's size
     assert default_chunk_size(10, rows=100) == 100
     assert default_chunk_size(10 ** 9) == 1
 

@@ -75,10 +75,14 @@ def check_chunk_size(chunk_size: Any) -> Optional[int]:
     return int(chunk_size)
 
 
-def default_chunk_size(num_classes: int, rows: Optional[int] = None) -> int:
-    """Rows per chunk: about DEFAULT_CHUNK_BYTES of float32 logits, at most `rows` (when known
-    and non-zero), at least 1."""
-    chunk = max(1, DEFAULT_CHUNK_BYTES // (4 * max(1, num_classes)))
+def default_chunk_size(num_classes: int, rows: Optional[int] = None,
+                       width: Optional[int] = None) -> int:
+    """Rows per chunk: about DEFAULT_CHUNK_BYTES of float32 logits, or `width / 2` rows where
+    that is more (a chunk then holds half as much as the kernel's gradient, d x V, of which a
+    step holds several anyway, and each chunk's pass over W, which costs what the chunk's own
+    work does at `width` rows, is paid less often); at most `rows` (when known and non-zero),
+    at least 1."""
+    chunk = max(1, DEFAULT_CHUNK_BYTES // (4 * max(1, num_classes)), (width or 0) // 2)
     if rows:
         chunk = min(chunk, rows)
     return int(chunk)
@@ -258,8 +262,9 @@ def linear_cross_entropy(
         gamma, label_smoothing, class_weights, ignore_class: as for `custom_loss`.
         reduction: `"mean"` (over the rows not labelled `ignore_class`; 0 when there are
             none), `"sum"`, or None (per-row losses of shape `hidden.shape[:-1]`).
-        chunk_size: rows of logits made at once; default: about 32 MiB of float32 logits
-            (`default_chunk_size`), at most the number of rows.
+        chunk_size: rows of logits made at once; default: about 32 MiB of float32 logits,
+            or d / 2 rows where that is more (`default_chunk_size`), at most the number of
+            rows.
         name: optional name scope.
 
     Returns:
@@ -323,7 +328,7 @@ def linear_cross_entropy(
             flat_labels = _check_class_ids(flat_labels, v_dynamic, ignore_class)
         static_rows = h2.shape[0]
         if chunk_size is None:
-            chunk_size = default_chunk_size(num_classes or 1, static_rows)
+            chunk_size = default_chunk_size(num_classes or 1, static_rows, h.shape[-1])
         elif static_rows:
             chunk_size = min(chunk_size, static_rows)
         if static_rows is None:
