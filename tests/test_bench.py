@@ -128,3 +128,33 @@ def test_memory_floor_passes_do_the_traffic_they_claim():
         runtime.memory_floor_pass(src, np.zeros((300, 257), np.float64))
     with pytest.raises(ValueError, match="dst"):
         runtime.memory_floor_pass(src, np.zeros((300, 256), np.float32))
+
+
+def test_bench_linear_head_section_runs_every_case():
+    """`--linear-head-only --quick`: each case's child ran and reported memory, time and (for
+    ours and Dense + CustomLoss) the error against float64, and the targets are worked out."""
+    from tf_metal_ops import bench_linear_head as lh
+
+    completed = subprocess.run(
+        [sys.executable, "-m", "tf_metal_ops.bench", "--quick", "--json", "--linear-head-only"],
+        capture_output=True, text=True, timeout=600, check=False)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    report = json.loads(completed.stdout)
+    assert report["sizes"] == [] and report["memory"] is None
+    section = report["linear_head"]
+    assert (section["rows"], section["hidden"]) == (lh.QUICK_ROWS, lh.QUICK_HIDDEN)
+    assert [size["classes"] for size in section["sizes"]] == list(lh.QUICK_CLASSES)
+    cases = [name for name, _ in lh.CASES]
+    for size in section["sizes"]:
+        assert size["failures"] == {}
+        assert set(size["extra_bytes"]) == set(cases) == set(size["median_ms"])
+        assert all(extra >= 0 for extra in size["extra_bytes"].values())
+        assert all(ms > 0 for ms in size["median_ms"].values())
+        assert set(size["errors"]) == {"fused", "dense_custom"}
+        for errors in size["errors"].values():
+            assert set(errors) == {"loss", "d_hidden", "d_kernel", "d_bias"}
+            assert all(0 <= error < 1e-6 for error in errors.values()), errors
+        assert size["targets"]["time fused / dense_custom"] == pytest.approx(
+            size["median_ms"]["fused"] / size["median_ms"]["dense_custom"])
+    table = bench.format_table(report)
+    assert "linear head" in table and all(case in table for case in cases)

@@ -24,6 +24,9 @@ _installed = _native.installed_tensorflow_version()
 # Public name -> module that defines it (imported on first access).
 _LAZY_ATTRIBUTES = {
     "custom_loss": "tf_metal_ops.ops",
+    "linear_cross_entropy": "tf_metal_ops.linear_loss",
+    "LinearCrossEntropyHead": "tf_metal_ops.head",
+    "PerTokenLoss": "tf_metal_ops.head",
     "CustomLoss": "tf_metal_ops.losses",
     "compare_devices": "tf_metal_ops.compare",
     "set_commit_mode": "tf_metal_ops.runtime",
@@ -37,7 +40,7 @@ _LAZY_ATTRIBUTES = {
     "value_and_gradients": "tf_metal_ops.compare",
 }
 _SUBMODULES = ("reference", "debug", "ops", "losses", "compare", "runtime", "composed",
-               "loss_path")
+               "loss_path", "linear_loss", "head")
 
 __all__ = sorted(_LAZY_ATTRIBUTES) + list(_SUBMODULES)
 

@@ -37,6 +37,12 @@ Usage:
     python -m tf_metal_ops bench [--quick] [--json] [--sizes 4096x1000,512x32000]
                                  [--repeats R] [--threads T] [--memory | --no-memory]
                                  [--memory-size 65536x1000]
+                                 [--linear-head | --linear-head-only]
+
+`--linear-head` adds the section of tf_metal_ops/bench_linear_head.py (linear_cross_entropy
+against Dense(V) + CustomLoss and Dense(V) + Keras's sparse cross-entropy: memory, time and
+error against float64, N = 8192, d = 512, V in {32000, 128256}; tiny sizes with `--quick`);
+`--linear-head-only` runs that section alone.
 """
 
 from __future__ import annotations
@@ -52,6 +58,7 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from tf_metal_ops import bench_linear_head
 from tf_metal_ops._arguments import non_negative_int, positive_int
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -146,6 +153,11 @@ def build_parser(prog: str = "tf-metal-ops bench", add_help: bool = True) -> arg
     parser.add_argument("--memory-size", type=_size, default=None,
                         help="NxC of the memory measurement (default 65536x1000; 256x100 with "
                         "--quick)")
+    linear_head = parser.add_mutually_exclusive_group()
+    linear_head.add_argument("--linear-head", action="store_true",
+                             help="also run the linear_cross_entropy section")
+    linear_head.add_argument("--linear-head-only", action="store_true",
+                             help="run only the linear_cross_entropy section")
     return parser
 
 
@@ -528,22 +540,11 @@ def environment() -> Dict[str, Any]:
     }
 
 
-def format_table(report: Dict[str, Any]) -> str:
-    env = report["environment"]
-    lines = [
-        f"tf_metal_ops bench: TensorFlow {env['tensorflow']}, {env['machine']}, "
-        f"{env['cpu_count']} CPUs, our kernels: {env['cpu_kernel_isa']} x "
-        f"{env['cpu_threads']} threads; float32, forward + backward under tf.function, "
-        "medians of interleaved runs (ms)",
-    ]
-    if env.get("tf_cpu_allocator") == "bfc" or env.get("tf_enable_onednn_opts", "unset") != "unset":
-        lines.append(f"  memory: TensorFlow's CPU allocator {env.get('tf_cpu_allocator')}, "
-                     f"TF_ENABLE_ONEDNN_OPTS={env.get('tf_enable_onednn_opts')}")
-    lines.append("")
+def _format_sizes(sizes) -> List[str]:
+    lines = [""]
     for name, description in CASES:
         lines.append(f"  {name:<15} {description}")
     lines.append("")
-    sizes = report["sizes"]
     labels = [f"{size['rows']}x{size['classes']}" for size in sizes]
     lines.append(f"{'median ms':<34}" + "".join(f"{label:>14}" for label in labels))
     for name, _ in CASES:
@@ -558,6 +559,23 @@ def format_table(report: Dict[str, Any]) -> str:
             for size in sizes))
     lines.append("  (anchor / ours: how many times faster ours is; ours / floor: 1.00 would be "
                  "the memory floor)")
+    return lines
+
+
+def format_table(report: Dict[str, Any]) -> str:
+    env = report["environment"]
+    lines = [
+        f"tf_metal_ops bench: TensorFlow {env['tensorflow']}, {env['machine']}, "
+        f"{env['cpu_count']} CPUs, our kernels: {env['cpu_kernel_isa']} x "
+        f"{env['cpu_threads']} threads; float32, forward + backward under tf.function, "
+        "medians of interleaved runs (ms)",
+    ]
+    if env.get("tf_cpu_allocator") == "bfc" or env.get("tf_enable_onednn_opts", "unset") != "unset":
+        lines.append(f"  memory: TensorFlow's CPU allocator {env.get('tf_cpu_allocator')}, "
+                     f"TF_ENABLE_ONEDNN_OPTS={env.get('tf_enable_onednn_opts')}")
+    sizes = report["sizes"]
+    if sizes:
+        lines.extend(_format_sizes(sizes))
     memory = report.get("memory")
     if memory:
         lines.append("")
@@ -571,6 +589,9 @@ def format_table(report: Dict[str, Any]) -> str:
                 lines.append(f"  {case:<12} failed: {memory['errors'].get(case)}")
         if memory.get("method"):
             lines.append(f"  ({memory['method']})")
+    if report.get("linear_head"):
+        lines.append("")
+        lines.extend(bench_linear_head.format_section(report["linear_head"]))
     lm_head = report.get("lm_head_memory")
     if lm_head:
         lines.append("")
@@ -595,13 +616,18 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
 
     if args.threads is not None:
         tf_metal_ops.set_cpu_threads(args.threads)
-    sizes = args.sizes or list(QUICK_SIZES if args.quick else DEFAULT_SIZES)
-    do_memory = (not args.quick) if args.memory is None else args.memory
+    only_linear_head = getattr(args, "linear_head_only", False)
+    sizes = [] if only_linear_head else (args.sizes or list(QUICK_SIZES if args.quick
+                                                            else DEFAULT_SIZES))
+    do_memory = (not args.quick and not only_linear_head) if args.memory is None else args.memory
     memory_size = args.memory_size or (QUICK_MEMORY_SIZE if args.quick else DEFAULT_MEMORY_SIZE)
     plan = [(rows, cols, args.repeats or _repeats_for(rows, cols, args.quick))
             for rows, cols in sizes]
     total = sum(len(CASES) * (repeats + 1) for _, _, repeats in plan)
     total += len(MEMORY_CASES) + len(LM_HEAD_CASES) if do_memory else 0
+    if only_linear_head or getattr(args, "linear_head", False):
+        total += len(bench_linear_head.CASES) * len(
+            bench_linear_head.QUICK_CLASSES if args.quick else bench_linear_head.DEFAULT_CLASSES)
     progress = _Progress(total, enabled=True)
     # Every case is a new tf.function by design; TensorFlow's "retracing" warning would be noise.
     import tensorflow as tf
@@ -626,6 +652,7 @@ def _run_plan(args: argparse.Namespace, plan, do_memory: bool, memory_size: Tupl
         "sizes": [],
         "memory": None,
         "lm_head_memory": None,
+        "linear_head": None,
     }
     for rows, cols, repeats in plan:
         result = time_size(rows, cols, repeats, progress)
@@ -636,6 +663,13 @@ def _run_plan(args: argparse.Namespace, plan, do_memory: bool, memory_size: Tupl
         report["memory"] = measure_memory(*memory_size, progress)
         report["lm_head_memory"] = measure_lm_head_memory(
             *(QUICK_LM_HEAD_SIZE if args.quick else DEFAULT_LM_HEAD_SIZE), progress)
+    if getattr(args, "linear_head", False) or getattr(args, "linear_head_only", False):
+        lh = bench_linear_head
+        report["linear_head"] = (
+            lh.measure(lh.QUICK_ROWS, lh.QUICK_HIDDEN, lh.QUICK_CLASSES,
+                       args.repeats or lh.QUICK_STEPS, progress) if args.quick
+            else lh.measure(lh.DEFAULT_ROWS, lh.DEFAULT_HIDDEN, lh.DEFAULT_CLASSES,
+                            args.repeats or lh.DEFAULT_STEPS, progress))
     progress.close()
     return report
 
@@ -650,6 +684,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if argv[:1] == [_LM_HEAD_CHILD_FLAG]:
         rows, hidden, cols = (int(part) for part in argv[2].split("x"))
         print(json.dumps(_lm_head_memory_child(argv[1], rows, hidden, cols)))
+        return 0
+    if argv[:1] == [bench_linear_head.CHILD_FLAG]:
+        size = bench_linear_head.parse_child_size(argv[2])
+        print(json.dumps(bench_linear_head.child(argv[1], *size)))
         return 0
     parser = build_parser()
     try:

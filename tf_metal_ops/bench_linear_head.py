@@ -1,0 +1,224 @@
+"""The bench's linear-head section: `linear_cross_entropy` against the head and loss composed.
+
+For h [N, d] and W [d, V] (float32, a bias, labels drawn uniformly), one training step of a
+language model's head: the mean loss and its gradients with respect to h, W and b, under
+`tf.function`. Three cases, each in a fresh child process per vocabulary size:
+
+    fused           tf_metal_ops.linear_cross_entropy(labels, h, W, b)
+    dense_custom    h @ W + b (what Dense(V) computes), then tf_metal_ops.CustomLoss()
+    dense_keras     h @ W + b, then keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+Per case: the peak extra memory of a warm-up and the timed steps (VmHWM after clear_refs minus
+VmRSS after tracing, before any step ran: unlike `lm_head_memory`, which starts after a warm-up
+step, this counts what allocators keep between steps) and the median time of a timed step. And, on the first
+ERROR_ROWS rows, the error of fused's and dense_custom's loss and of their three gradients
+against the same step in float64 (`custom_loss` on float64 logits, whose kernel is exact to
+~1e-15), in the vocabulary-scale measure: max over rows of max |got - exact| / (1 + max |exact|
+of the row); fused runs there with chunks of ERROR_CHUNK rows, so the error crosses chunks.
+
+The targets the section reports: fused's peak extra memory at most 1/8 of both compositions',
+and its time no slower than dense_custom's.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any, Dict, List, Sequence, Tuple
+
+CASES = (
+    ("fused", "tf_metal_ops.linear_cross_entropy(labels, h, W, b)"),
+    ("dense_custom", "h @ W + b (Dense(V)), then tf_metal_ops.CustomLoss()"),
+    ("dense_keras", "h @ W + b, then keras SparseCategoricalCrossentropy(from_logits=True)"),
+)
+DEFAULT_ROWS, DEFAULT_HIDDEN, DEFAULT_CLASSES = 8192, 512, (32000, 128256)
+QUICK_ROWS, QUICK_HIDDEN, QUICK_CLASSES = 64, 16, (300,)
+DEFAULT_STEPS, QUICK_STEPS = 3, 2
+ERROR_ROWS, ERROR_CHUNK = 256, 100
+MEMORY_TARGET = 1 / 8  # fused's extra memory over each composition's
+CHILD_FLAG = "--_linear-head-child"
+
+
+def _inputs(rows: int, hidden: int, classes: int):
+    import numpy as np
+    import tensorflow as tf
+
+    rng = np.random.default_rng(0)
+    h = rng.standard_normal((rows, hidden), dtype=np.float32)
+    w = (rng.standard_normal((hidden, classes), dtype=np.float32) / hidden ** 0.5)
+    b = (rng.standard_normal(classes, dtype=np.float32) * 0.1)
+    labels = rng.integers(0, classes, rows).astype(np.int32)
+    return h, w, b, labels
+
+
+def _loss_fn(case: str, chunk_size=None):
+    import keras
+
+    import tf_metal_ops
+
+    if case == "fused":
+        return lambda y, h, w, b: tf_metal_ops.linear_cross_entropy(y, h, w, b,
+                                                                    chunk_size=chunk_size)
+    loss = (tf_metal_ops.CustomLoss() if case == "dense_custom"
+            else keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return lambda y, h, w, b: loss(y, h @ w + b)
+
+
+def _step(case: str, chunk_size=None):
+    import tensorflow as tf
+
+    loss_fn = _loss_fn(case, chunk_size)
+
+    @tf.function
+    def step(y, h, w, b):
+        with tf.GradientTape() as tape:
+            tape.watch([h, w, b])
+            loss = loss_fn(y, h, w, b)
+        return (loss, *tape.gradient(loss, [h, w, b]))
+
+    return step
+
+
+def _relative_error(got, exact) -> float:
+    import numpy as np
+
+    got = np.atleast_2d(np.asarray(got, np.float64))
+    exact = np.atleast_2d(np.asarray(exact, np.float64))
+    return float(np.max(np.max(np.abs(got - exact), axis=-1)
+                        / (1.0 + np.max(np.abs(exact), axis=-1))))
+
+
+def errors(case: str, h, w, b, labels) -> Dict[str, float]:
+    """Errors of the case's loss and gradients against float64, on ERROR_ROWS rows."""
+    import numpy as np
+    import tensorflow as tf
+
+    import tf_metal_ops
+
+    rows = min(ERROR_ROWS, h.shape[0])
+    y = tf.constant(labels[:rows])
+    got = _step(case, ERROR_CHUNK)(y, *(tf.constant(a) for a in (h[:rows], w, b)))
+    h64, w64, b64 = (tf.constant(a.astype(np.float64)) for a in (h[:rows], w, b))
+    with tf.GradientTape() as tape:
+        tape.watch([h64, w64, b64])
+        exact_loss = tf.reduce_mean(tf_metal_ops.custom_loss(y, h64 @ w64 + b64))
+    exact = (exact_loss, *tape.gradient(exact_loss, [h64, w64, b64]))
+    return {name: _relative_error(g.numpy(), e.numpy())
+            for name, g, e in zip(("loss", "d_hidden", "d_kernel", "d_bias"), got, exact)}
+
+
+def child(case: str, rows: int, hidden: int, classes: int, steps: int) -> Dict[str, Any]:
+    """Runs in a fresh process: warm-up, then peak memory and times over `steps` steps."""
+    import tensorflow as tf
+
+    from tf_metal_ops.bench import _reset_peak_rss, _status_kib
+
+    h_np, w_np, b_np, labels_np = _inputs(rows, hidden, classes)
+    args = [tf.constant(labels_np), tf.constant(h_np), tf.constant(w_np), tf.constant(b_np)]
+    step = _step(case)
+    # Traced without running, so that what the steps keep cached between them (allocators'
+    # pools, a buffer set aside for the next step) counts too: the baseline is taken before
+    # any step ran, and the first, untimed step is inside the measured peak.
+    step.get_concrete_function(*args)
+    gc.collect()
+    if not _reset_peak_rss():
+        raise RuntimeError("the linear-head memory figure needs Linux's /proc/self/clear_refs")
+    before = _status_kib("VmRSS")
+    times: List[float] = []
+    for repeat in range(steps + 1):
+        start = time.perf_counter()
+        outputs = step(*args)
+        outputs[0].numpy()
+        if repeat:
+            times.append(time.perf_counter() - start)
+        del outputs
+    peak = _status_kib("VmHWM")
+    result = {"case": case, "extra_bytes": 1024 * (peak - before),
+              "median_ms": 1e3 * statistics.median(times)}
+    if case != "dense_keras":
+        result["errors"] = errors(case, h_np, w_np, b_np, labels_np)
+    return result
+
+
+def measure(rows: int, hidden: int, classes: Sequence[int], steps: int,
+            progress=None) -> Dict[str, Any]:
+    """The section: every case at every vocabulary size, each in a child process."""
+    results: Dict[str, Any] = {
+        "rows": rows, "hidden": hidden, "steps": steps, "dtype": "float32",
+        "method": (f"VmHWM after clear_refs minus VmRSS before any step ran (a warm-up and "
+                   f"{steps} timed steps); median time of the timed steps"),
+        "cases": {name: description for name, description in CASES},
+        "sizes": [],
+    }
+    for num_classes in classes:
+        size: Dict[str, Any] = {"classes": num_classes, "logits_bytes": 4 * rows * num_classes,
+                                "extra_bytes": {}, "median_ms": {}, "errors": {},
+                                "failures": {}}
+        for case, _ in CASES:
+            command = [sys.executable, "-m", "tf_metal_ops.bench", CHILD_FLAG, case,
+                       f"{rows}x{hidden}x{num_classes}x{steps}"]
+            completed = subprocess.run(command, capture_output=True, text=True, check=False)
+            if progress is not None:
+                progress.step(f"linear head V={num_classes} {case}")
+            lines = [l for l in completed.stdout.splitlines() if l.startswith("{")]
+            if completed.returncode != 0 or not lines:
+                size["failures"][case] = (completed.stderr.strip().splitlines()
+                                          or ["no output"])[-1]
+                continue
+            found = json.loads(lines[-1])
+            size["extra_bytes"][case] = found["extra_bytes"]
+            size["median_ms"][case] = found["median_ms"]
+            if "errors" in found:
+                size["errors"][case] = found["errors"]
+        size["targets"] = targets(size)
+        results["sizes"].append(size)
+    return results
+
+
+def targets(size: Dict[str, Any]) -> Dict[str, Any]:
+    """fused's memory over each composition's (target <= 1/8), its time over dense_custom's
+    (target <= 1), and whether each is met; absent where a case failed."""
+    out: Dict[str, Any] = {}
+    extra, ms = size["extra_bytes"], size["median_ms"]
+    for other in ("dense_custom", "dense_keras"):
+        if "fused" in extra and extra.get(other):
+            ratio = extra["fused"] / extra[other]
+            out[f"memory fused / {other}"] = ratio
+            out[f"memory fused <= 1/8 of {other}"] = ratio <= MEMORY_TARGET
+    if "fused" in ms and ms.get("dense_custom"):
+        out["time fused / dense_custom"] = ms["fused"] / ms["dense_custom"]
+        out["time fused <= dense_custom"] = ms["fused"] <= ms["dense_custom"]
+    return out
+
+
+def format_section(section: Dict[str, Any]) -> List[str]:
+    lines = [f"linear head, h [{section['rows']}, {section['hidden']}] @ W [{section['hidden']}, V]"
+             f" + b, mean loss, forward + backward ({section['method']}):"]
+    for name, description in CASES:
+        lines.append(f"  {name:<13} {description}")
+    for size in section["sizes"]:
+        lines.append(f"  V = {size['classes']} (the logits alone are "
+                     f"{size['logits_bytes'] / 2**20:.0f} MiB)")
+        for case, _ in CASES:
+            if case in size["failures"]:
+                lines.append(f"    {case:<13} failed: {size['failures'][case]}")
+                continue
+            text = (f"    {case:<13} {size['extra_bytes'][case] / 2**20:9.1f} MiB extra "
+                    f"{size['median_ms'][case]:10.1f} ms")
+            if case in size["errors"]:
+                text += "  error " + ", ".join(f"{k} {v:.2g}"
+                                                for k, v in size["errors"][case].items())
+            lines.append(text)
+        for name, value in size["targets"].items():
+            lines.append(f"    {name}: {value:.3f}" if isinstance(value, float)
+                         else f"    {name}: {'yes' if value else 'NO'}")
+    return lines
+
+
+def parse_child_size(text: str) -> Tuple[int, int, int, int]:
+    rows, hidden, classes, steps = (int(part) for part in text.split("x"))
+    return rows, hidden, classes, steps

@@ -1,0 +1,475 @@
+"""`linear_cross_entropy`: a language-model head's loss without its logits.
+
+For hidden states `h` [N, d] and a projection `W` [d, V] the logits `h @ W + b` are by far the
+largest tensor of a step (at N = 8192 and V = 128256, 4 GiB in float32, and their gradient as
+much again). Here they are made `chunk_size` rows at a time, each chunk handed to the same
+native op as `custom_loss` and dropped before the next one is made, as Liger-Kernel's fused
+linear cross-entropy does for PyTorch (https://github.com/linkedin/Liger-Kernel) and Apple's
+Cut Cross-Entropy (Wijmans et al., ICLR 2025) takes further.
+
+Reduced ("mean", "sum"), the scales of the rows are known before the loss, so the gradient is
+computed in the forward (Liger-Kernel's rule, as in `reduced_custom_loss`): per chunk the native
+op writes `s_i * d loss_i / d z_i`, and it goes at once into `dh = g @ W^T`, `dW += h^T @ g`
+and `db += sum g`; the backward only multiplies them by the scalar upstream gradient. Were
+autodiff to see the loop, it would keep every chunk's logits alive for the backward, which is
+the tensor this function exists to avoid: the loop sits inside `tf.custom_gradient`, and the
+loop runs one iteration at a time (`parallel_iterations=1`), so no two chunks' logits coexist.
+
+Unreduced (`reduction=None`), the upstream gradient of each row is only known in the backward,
+which makes each chunk's logits again and hands them to the gradient op with the forward's row
+statistics (three floats per row).
+
+The rows are padded to a whole number of chunks (scale 0, so they add nothing), which gives
+every iteration the same static shapes: the loop compiles under XLA, where the composed loss
+(`tf_metal_ops.composed`) replaces the native op in each chunk.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any, Optional, Tuple, Union
+
+import numpy as np
+import tensorflow as tf
+
+from tf_metal_ops import _native, composed, loss_path
+from tf_metal_ops.ops import (
+    TensorLike,
+    _class_weights_tensor,
+    _dense_labels,
+    _forward,
+    _forward_surely_makes_the_gradient,
+    _is_dense,
+    _check_sparse_shape,
+    _sparse_labels,
+    check_gamma,
+    check_ignore_class,
+    check_label_smoothing,
+)
+
+REDUCTIONS = ("mean", "sum", None)
+# The default chunk holds about this many bytes of logits (float32). Smaller chunks cost time:
+# each adds h_c^T g_c, a d x V product, into dW. Larger ones cost more memory than their own
+# size: where TensorFlow's CPU allocator pools memory (the oneDNN build's, on by default on
+# recent x86 CPUs), a step's chunk-sized buffers (logits, gradient, matmul outputs) settle in
+# its pool side by side, several chunks' worth (measured: 5 to 8 at d = 512).
+DEFAULT_CHUNK_BYTES = 32 * 2**20
+HIDDEN_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
+
+
+def check_reduction(reduction: Any) -> Optional[str]:
+    """Returns the reduction, or raises if it is not "mean", "sum" or None."""
+    if reduction not in REDUCTIONS or isinstance(reduction, bool):
+        raise ValueError(f"reduction must be 'mean', 'sum' or None, got {reduction!r}")
+    return reduction
+
+
+def check_chunk_size(chunk_size: Any) -> Optional[int]:
+    """Returns chunk_size as an int (or None for the default), or raises if it is not >= 1."""
+    if chunk_size is None:
+        return None
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Integral):
+        raise TypeError(f"chunk_size must be a positive int or None, got {chunk_size!r}")
+    if chunk_size <= 0:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size!r}")
+    return int(chunk_size)
+
+
+def default_chunk_size(num_classes: int, rows: Optional[int] = None,
+                       width: Optional[int] = None) -> int:
+    """Rows per chunk: about DEFAULT_CHUNK_BYTES of float32 logits, or `width / 2` rows where
+    that is more (a chunk then holds half as much as the kernel's gradient, d x V, of which a
+    step holds several anyway, and each chunk's pass over W, which costs what the chunk's own
+    work does at `width` rows, is paid less often); at most `rows` (when known and non-zero),
+    at least 1."""
+    chunk = max(1, DEFAULT_CHUNK_BYTES // (4 * max(1, num_classes)), (width or 0) // 2)
+    if rows:
+        chunk = min(chunk, rows)
+    return int(chunk)
+
+
+def _float_tensor(value: TensorLike, name: str) -> tf.Tensor:
+    tensor = tf.convert_to_tensor(value)
+    if tensor.dtype not in HIDDEN_DTYPES:
+        raise TypeError(f"{name} must be floating point (float16, bfloat16, float32 or float64), "
+                        f"got dtype {tensor.dtype.name}")
+    return tensor
+
+
+def _checked_inputs(hidden: TensorLike, kernel: TensorLike, bias: Optional[TensorLike]):
+    """(hidden, kernel, bias or None) as tensors, with their shapes checked against each other.
+    The kernel and bias keep their own dtype (a float32 variable under mixed_float16): they are
+    cast to the hidden states' dtype, the compute dtype, inside the loss."""
+    h = _float_tensor(hidden, "hidden")
+    w = _float_tensor(kernel, "kernel")
+    if h.shape.rank == 0:
+        raise ValueError("hidden must have shape [..., d] (rank >= 1), got a scalar")
+    if w.shape.rank is not None and w.shape.rank != 2:
+        raise ValueError(f"kernel must have shape [d, num_classes] (Dense layout), got shape "
+                         f"{w.shape}")
+    if not h.shape[-1:].is_compatible_with(w.shape[:1]):
+        raise ValueError(f"hidden's last dimension must equal kernel's first (d); got hidden "
+                         f"shape {h.shape} and kernel shape {w.shape}")
+    if w.shape.rank is not None and w.shape[1] == 0:
+        raise ValueError(f"kernel must have at least one class, got shape {w.shape}")
+    b = None
+    if bias is not None:
+        b = _float_tensor(bias, "bias")
+        if b.shape.rank is not None and b.shape.rank != 1:
+            raise ValueError(f"bias must be a vector of num_classes entries, got shape {b.shape}")
+        if not b.shape.is_compatible_with(w.shape[1:]):
+            raise ValueError(f"bias must have one entry per class; got bias shape {b.shape} and "
+                             f"kernel shape {w.shape}")
+    return h, w, b
+
+
+def _sum_dtype(dtype: tf.DType) -> tf.DType:
+    return tf.float64 if dtype == tf.float64 else tf.float32
+
+
+def _pad_rows(tensor: tf.Tensor, padded_rows: tf.Tensor) -> tf.Tensor:
+    extra = padded_rows - tf.shape(tensor)[0]
+    paddings = tf.concat([[[0, extra]], tf.zeros([tf.rank(tensor) - 1, 2], tf.int32)], 0)
+    return tf.pad(tensor, paddings)
+
+
+class _Problem:
+    """Everything a chunk needs that does not change from chunk to chunk."""
+
+    def __init__(self, dense: bool, class_weights: Optional[TensorLike], weights_t: tf.Tensor,
+                 attrs: dict, native: bool, can_raise: bool, compute_dtype: tf.DType) -> None:
+        self.dense = dense
+        self.class_weights = class_weights
+        self.weights_t = weights_t
+        self.attrs = attrs
+        self.native = native
+        self.can_raise = can_raise
+        self.compute_dtype = compute_dtype
+
+    def losses_and_scaled_gradient(self, z: tf.Tensor, y: tf.Tensor, scales: tf.Tensor):
+        """(per-row loss in float32 / float64, scales * d loss / d z in z's dtype)."""
+        if not self.native:
+            with tf.GradientTape() as tape:
+                tape.watch(z)
+                losses = self._composed(z, y)
+                total = tf.reduce_sum(tf.cast(losses, scales.dtype) * scales)
+            return tf.cast(losses, scales.dtype), tape.gradient(total, z)
+        loss, row_stats, scaled = _forward(z, y, self.weights_t, tf.cast(scales, tf.float32),
+                                           self.attrs)
+        if not _forward_surely_makes_the_gradient(z):
+            # The forward may make no gradient (float64, a Metal kernel): then the gradient op.
+            made = tf.equal(tf.size(scaled), tf.size(z))
+            scaled = tf.cond(made, lambda: tf.reshape(scaled, tf.shape(z)),
+                             lambda: self.gradient(z, y, tf.cast(scales, z.dtype), row_stats))
+        return tf.cast(loss, scales.dtype), tf.reshape(scaled, tf.shape(z))
+
+    def losses_and_row_stats(self, z: tf.Tensor, y: tf.Tensor):
+        """(per-row loss, the row statistics the gradient op reuses, or None when composed)."""
+        if not self.native:
+            return self._composed(z, y), None
+        loss, row_stats, _ = _forward(z, y, self.weights_t, None, self.attrs)
+        return loss, row_stats
+
+    def gradient(self, z: tf.Tensor, y: tf.Tensor, upstream: tf.Tensor,
+                 row_stats: Optional[tf.Tensor]) -> tf.Tensor:
+        """upstream * d loss / d z, for per-row upstream gradients."""
+        if not self.native:
+            with tf.GradientTape() as tape:
+                tape.watch(z)
+                losses = self._composed(z, y)
+            return tape.gradient(losses, z, output_gradients=tf.cast(upstream, losses.dtype))
+        return _native.op_module().tf_metal_ops_custom_loss_grad(
+            logits=z, labels=y, class_weights=self.weights_t, upstream=tf.cast(upstream, z.dtype),
+            row_stats=row_stats, **self.attrs)
+
+    def _composed(self, z: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+        return composed.custom_loss(
+            z, y, dense=self.dense,
+            class_weights=None if self.class_weights is None else self.weights_t,
+            gamma=self.attrs["gamma"], label_smoothing=self.attrs["label_smoothing"],
+            ignore_class=self.attrs["ignore_class"] if self.attrs["has_ignore_class"] else None,
+            can_raise=self.can_raise)
+
+
+def _valid_rows(labels: tf.Tensor, dense: bool, ignore_class: Optional[int]) -> tf.Tensor:
+    """1.0 for the rows that count in a mean, 0.0 for those labelled ignore_class."""
+    rows = tf.shape(labels)[0]
+    if dense or ignore_class is None:
+        return tf.ones([rows], tf.float32)
+    ids = tf.cast(labels, tf.int64)
+    return tf.cast(tf.not_equal(ids, ignore_class), tf.float32)
+
+
+def _check_class_ids(labels: tf.Tensor, num_classes: tf.Tensor,
+                     ignore_class: Optional[int]) -> tf.Tensor:
+    """Raises (at run time) for a class id outside [0, V) that is not ignore_class, naming its
+    index among all the rows: the native op would only know its index within its chunk."""
+    ids = tf.cast(labels, tf.int64)
+    good = tf.logical_and(ids >= 0, ids < tf.cast(num_classes, tf.int64))
+    if ignore_class is not None:
+        good = tf.logical_or(good, tf.equal(ids, ignore_class))
+    if tf.executing_eagerly():
+        bad = np.flatnonzero(~good.numpy())
+        if bad.size:
+            raise tf.errors.InvalidArgumentError(
+                None, None,
+                f"linear_cross_entropy: labels (flattened) [{int(bad[0])}] = "
+                f"{int(ids.numpy()[bad[0]])} is not a class id in [0, {int(num_classes)})"
+                + ("" if ignore_class is None else f" nor ignore_class={ignore_class}"))
+        return labels
+    first = tf.argmax(tf.concat([tf.cast(tf.logical_not(good), tf.int32), [1]], 0),
+                      output_type=tf.int64)
+    check = tf.debugging.Assert(
+        tf.reduce_all(good),
+        ["linear_cross_entropy: labels (flattened) [", first, "] =",
+         tf.gather(tf.concat([ids, [0]], 0), first), "is not a class id in [0,", num_classes,
+         ")" if ignore_class is None else f") nor ignore_class={ignore_class}"])
+    with tf.control_dependencies([check]):
+        return tf.identity(labels)
+
+
+def linear_cross_entropy(
+    labels: TensorLike,
+    hidden: TensorLike,
+    kernel: TensorLike,
+    bias: Optional[TensorLike] = None,
+    *,
+    gamma: float = 0.0,
+    label_smoothing: float = 0.0,
+    class_weights: Optional[TensorLike] = None,
+    ignore_class: Optional[int] = None,
+    reduction: Optional[str] = "mean",
+    chunk_size: Optional[int] = None,
+    name: Optional[str] = None,
+) -> tf.Tensor:
+    """The loss of `custom_loss(labels, hidden @ kernel + bias, ...)` without its logits.
+
+    The logits are made `chunk_size` rows at a time and never all at once, nor is their
+    gradient: beside its inputs and gradients the call holds one chunk of logits (and of their
+    gradient). See the module docstring for how.
+
+    Args:
+        labels: class ids of shape `hidden.shape[:-1]` (any integer dtype or whole floats, a
+            trailing dimension of 1 accepted), or dense targets of shape
+            `hidden.shape[:-1] + [num_classes]`.
+        hidden: hidden states `[..., d]`, float16, bfloat16, float32 or float64: their dtype
+            is the compute dtype of the logits.
+        kernel: the projection `[d, num_classes]` (Keras's Dense layout; for a tied embedding
+            matrix `[num_classes, d]`, pass its transpose). A kernel of another float dtype (a
+            float32 variable under `mixed_float16`) is cast to the hidden states' dtype, as
+            Keras's Dense does.
+        bias: optional `[num_classes]`, cast likewise.
+        gamma, label_smoothing, class_weights, ignore_class: as for `custom_loss`.
+        reduction: `"mean"` (over the rows not labelled `ignore_class`; 0 when there are
+            none), `"sum"`, or None (per-row losses of shape `hidden.shape[:-1]`).
+        chunk_size: rows of logits made at once; default: about 32 MiB of float32 logits,
+            or d / 2 rows where that is more (`default_chunk_size`), at most the number of
+            rows.
+        name: optional name scope.
+
+    Returns:
+        A scalar (reduced) or the per-row losses, float32 (float64 for float64 hidden states).
+
+    Raises:
+        TypeError: hidden, kernel or bias not floating point; labels of another kind; options
+            of the wrong type.
+        ValueError: shapes that do not match (each is named), a bad option (gamma,
+            label_smoothing, class_weights, reduction, chunk_size: the value is named).
+        tf.errors.InvalidArgumentError: at run time, a class id outside `[0, num_classes)` that
+            is not `ignore_class` (its index in the flattened labels and its value).
+
+    Differentiable with respect to `hidden`, `kernel` and `bias` (labels and class weights get
+    no gradient). Inside an XLA compilation, and on a device without kernels of ours, each
+    chunk runs the composed loss (`tf_metal_ops.composed`), where a bad class id gives its row
+    a NaN loss instead of an error.
+    """
+    gamma = check_gamma(gamma)
+    label_smoothing = check_label_smoothing(label_smoothing)
+    ignore_class = check_ignore_class(ignore_class)
+    reduction = check_reduction(reduction)
+    chunk_size = check_chunk_size(chunk_size)
+    with tf.name_scope(name or "linear_cross_entropy"):
+        h, w, b = _checked_inputs(hidden, kernel, bias)
+        compute_dtype = h.dtype
+        num_classes = w.shape[1]
+        # What the logits would be, for the label and class-weight checks custom_loss makes.
+        logits_spec = tf.TensorSpec(h.shape[:-1].concatenate([num_classes]), compute_dtype)
+        labels_t = tf.convert_to_tensor(labels)
+        dense = _is_dense(labels_t, logits_spec)
+        if dense and ignore_class is not None:
+            raise ValueError(
+                f"ignore_class={ignore_class} applies to class-id labels only, but the "
+                f"labels are dense targets (shape {labels_t.shape})")
+        path, reason = loss_path.choose(h)
+        loss_path.record(path, reason)
+        native = path == loss_path.NATIVE
+        can_raise = path != loss_path.COMPOSED_XLA
+        if dense:
+            labels_t = _dense_labels(labels_t, logits_spec)
+        elif native:
+            labels_t = _sparse_labels(labels_t, logits_spec)
+        else:
+            _check_sparse_shape(labels_t, logits_spec)  # values: checked by the composed path
+        weights_t = _class_weights_tensor(class_weights, logits_spec)
+        attrs = dict(gamma=gamma, label_smoothing=label_smoothing,
+                     has_ignore_class=ignore_class is not None,
+                     ignore_class=0 if ignore_class is None else ignore_class)
+        problem = _Problem(dense, class_weights, weights_t, attrs, native, can_raise,
+                           compute_dtype)
+
+        rows_shape = tf.shape(h)[:-1]
+        d = tf.shape(h)[-1]
+        h2 = tf.reshape(h, [-1, h.shape[-1] if h.shape[-1] is not None else d])
+        v_dynamic = tf.shape(w)[1]
+        flat_labels = (tf.reshape(labels_t, [-1, num_classes if num_classes is not None
+                                             else v_dynamic]) if dense
+                       else tf.reshape(labels_t, [-1]))
+        if not dense and can_raise:
+            flat_labels = _check_class_ids(flat_labels, v_dynamic, ignore_class)
+        static_rows = h2.shape[0]
+        if chunk_size is None:
+            chunk_size = default_chunk_size(num_classes or 1, static_rows, h.shape[-1])
+        elif static_rows:
+            chunk_size = min(chunk_size, static_rows)
+        if static_rows is None:
+            # A batch of unknown size (Keras traces fit with one) is not padded to a chunk
+            # much larger than itself: the chunk is no more than the rows, at run time.
+            chunk_size = tf.minimum(chunk_size, tf.maximum(tf.shape(h2)[0], 1))
+        sum_dtype = _sum_dtype(compute_dtype)
+        valid = tf.cast(_valid_rows(flat_labels, dense, ignore_class), sum_dtype)
+        if reduction == "mean":
+            scales = tf.math.divide_no_nan(valid, tf.reduce_sum(valid))
+        else:
+            scales = tf.ones_like(valid)
+        scales = tf.stop_gradient(scales)
+        args = (problem, flat_labels, scales, chunk_size, sum_dtype)
+        if b is None:  # a zero bias: its gradient, computed and dropped, is one row of V
+            b = tf.zeros([v_dynamic], compute_dtype)
+        if reduction is None:
+            return tf.reshape(_unreduced(h2, w, b, *args), rows_shape)
+        return _reduced(h2, w, b, *args)
+
+
+def _static(chunk_size: Union[int, tf.Tensor]) -> Optional[int]:
+    return chunk_size if isinstance(chunk_size, int) else None
+
+
+def _chunking(rows: tf.Tensor, chunk_size) -> Tuple[tf.Tensor, tf.Tensor]:
+    """(number of chunks, rows once padded to whole chunks)."""
+    chunks = (rows + chunk_size - 1) // chunk_size
+    return chunks, chunks * chunk_size
+
+
+def _chunked(tensor: tf.Tensor, padded_rows: tf.Tensor, chunk_size) -> tf.Tensor:
+    """[rows, ...] -> [chunks, chunk_size, ...], padded with zeros."""
+    padded = _pad_rows(tensor, padded_rows)
+    shaped = tf.reshape(padded, tf.concat([[-1, chunk_size], tf.shape(tensor)[1:]], 0))
+    return tf.ensure_shape(shaped, [None, _static(chunk_size)] + tensor.shape[1:].as_list())
+
+
+def _logits(hc: tf.Tensor, w: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
+    return tf.nn.bias_add(tf.matmul(hc, w), b)
+
+
+def _reduced(h2, w_in, b_in, problem: _Problem, labels, scales, chunk_size, sum_dtype):
+    compute_dtype = problem.compute_dtype
+
+    @tf.custom_gradient
+    def fused(h, w_own, b_own):
+        w = tf.cast(w_own, compute_dtype)
+        b = tf.cast(b_own, compute_dtype)
+        rows = tf.shape(h)[0]
+        chunks, padded = _chunking(rows, chunk_size)
+        h3 = _chunked(h, padded, chunk_size)
+        y3 = _chunked(labels, padded, chunk_size)
+        s3 = _chunked(scales, padded, chunk_size)
+        dh_parts = tf.TensorArray(compute_dtype, size=chunks, element_shape=h3.shape[1:],
+                                  infer_shape=True)
+        dw0 = tf.zeros(tf.shape(w), _sum_dtype(compute_dtype))
+        db0 = tf.zeros(tf.shape(b), _sum_dtype(compute_dtype))
+
+        def body(i, total, dh_parts, dw, db):
+            hc = h3[i]
+            loss, g = problem.losses_and_scaled_gradient(_logits(hc, w, b), y3[i], s3[i])
+            total += tf.reduce_sum(loss * s3[i])
+            dh_parts = dh_parts.write(i, tf.matmul(g, w, transpose_b=True))
+            dw += tf.cast(tf.matmul(hc, g, transpose_a=True), dw.dtype)
+            db += tf.cast(tf.reduce_sum(g, axis=0), db.dtype)
+            return i + 1, total, dh_parts, dw, db
+
+        _, total, dh_parts, dw, db = tf.while_loop(
+            lambda i, *_: i < chunks, body,
+            (tf.constant(0), tf.zeros([], sum_dtype), dh_parts, dw0, db0),
+            parallel_iterations=1)  # one chunk's logits at a time
+        dh = tf.reshape(dh_parts.stack(), [-1, tf.shape(h)[1]])[:rows]
+        dw = tf.cast(dw, w_own.dtype)
+        db = tf.cast(db, b_own.dtype)
+
+        def backward(upstream):
+            u = tf.cast(upstream, tf.float32)
+
+            def scaled(g):
+                return tf.cond(tf.equal(u, 1.0), lambda: g, lambda: g * tf.cast(u, g.dtype))
+
+            return scaled(dh), scaled(dw), scaled(db)
+
+        return total, backward
+
+    return fused(h2, w_in, b_in)
+
+
+def _unreduced(h2, w_in, b_in, problem: _Problem, labels, scales, chunk_size, sum_dtype):
+    compute_dtype = problem.compute_dtype
+    del scales
+
+    @tf.custom_gradient
+    def per_row(h, w_own, b_own):
+        w = tf.cast(w_own, compute_dtype)
+        b = tf.cast(b_own, compute_dtype)
+        rows = tf.shape(h)[0]
+        chunks, padded = _chunking(rows, chunk_size)
+        h3 = _chunked(h, padded, chunk_size)
+        y3 = _chunked(labels, padded, chunk_size)
+        loss_parts = tf.TensorArray(sum_dtype, size=chunks, element_shape=[_static(chunk_size)])
+        stats_parts = tf.TensorArray(sum_dtype, size=chunks,
+                                     element_shape=[_static(chunk_size), 3])
+
+        def body(i, loss_parts, stats_parts):
+            loss, stats = problem.losses_and_row_stats(_logits(h3[i], w, b), y3[i])
+            loss_parts = loss_parts.write(i, tf.cast(loss, sum_dtype))
+            if stats is not None:
+                stats_parts = stats_parts.write(i, tf.cast(stats, sum_dtype))
+            else:  # the composed gradient finds its statistics again
+                stats_parts = stats_parts.write(i, tf.zeros([chunk_size, 3], sum_dtype))
+            return i + 1, loss_parts, stats_parts
+
+        _, loss_parts, stats_parts = tf.while_loop(
+            lambda i, *_: i < chunks, body, (tf.constant(0), loss_parts, stats_parts),
+            parallel_iterations=1)
+        losses = tf.reshape(loss_parts.stack(), [-1])[:rows]
+        stats3 = stats_parts.stack()
+
+        def backward(upstream):
+            u3 = _chunked(tf.cast(upstream, compute_dtype), padded, chunk_size)
+            dh_parts = tf.TensorArray(compute_dtype, size=chunks, element_shape=h3.shape[1:])
+            dw0 = tf.zeros(tf.shape(w), _sum_dtype(compute_dtype))
+            db0 = tf.zeros(tf.shape(b), _sum_dtype(compute_dtype))
+
+            def back_body(i, dh_parts, dw, db):
+                hc = h3[i]
+                g = problem.gradient(_logits(hc, w, b), y3[i], u3[i],
+                                     stats3[i] if problem.native else None)
+                dh_parts = dh_parts.write(i, tf.matmul(g, w, transpose_b=True))
+                dw += tf.cast(tf.matmul(hc, g, transpose_a=True), dw.dtype)
+                db += tf.cast(tf.reduce_sum(g, axis=0), db.dtype)
+                return i + 1, dh_parts, dw, db
+
+            _, dh_parts, dw, db = tf.while_loop(
+                lambda i, *_: i < chunks, back_body, (tf.constant(0), dh_parts, dw0, db0),
+                parallel_iterations=1)
+            dh = tf.reshape(dh_parts.stack(), [-1, tf.shape(h)[1]])[:rows]
+            return dh, tf.cast(dw, w_own.dtype), tf.cast(db, b_own.dtype)
+
+        return losses, backward
+
+    return per_row(h2, w_in, b_in)
