@@ -371,6 +371,28 @@ def _logits(hc: tf.Tensor, w: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
     return tf.nn.bias_add(tf.matmul(hc, w), b)
 
 
+def _gradient_accumulators(compute_dtype: tf.DType, chunks, h3: tf.Tensor, w: tf.Tensor,
+                           b: tf.Tensor):
+    """Empty per-chunk d hidden parts, and zero d kernel and d bias sums."""
+    dh_parts = tf.TensorArray(compute_dtype, size=chunks, element_shape=h3.shape[1:],
+                              infer_shape=True)
+    return (dh_parts, tf.zeros(tf.shape(w), _sum_dtype(compute_dtype)),
+            tf.zeros(tf.shape(b), _sum_dtype(compute_dtype)))
+
+
+def _add_chunk_gradients(i, hc: tf.Tensor, g: tf.Tensor, w: tf.Tensor, dh_parts, dw, db):
+    """Chunk i's share of the three gradients, from its d loss / d logits `g`."""
+    dh_parts = dh_parts.write(i, tf.matmul(g, w, transpose_b=True))
+    dw += tf.cast(tf.matmul(hc, g, transpose_a=True), dw.dtype)
+    db += tf.cast(tf.reduce_sum(g, axis=0), db.dtype)
+    return dh_parts, dw, db
+
+
+def _stacked_rows(dh_parts, h: tf.Tensor, rows) -> tf.Tensor:
+    """The chunks' d hidden as [rows, d], the padding rows dropped."""
+    return tf.reshape(dh_parts.stack(), [-1, tf.shape(h)[1]])[:rows]
+
+
 def _reduced(h2, w_in, b_in, problem: _Problem, labels, scales, chunk_size, sum_dtype):
     compute_dtype = problem.compute_dtype
 
@@ -383,25 +405,19 @@ def _reduced(h2, w_in, b_in, problem: _Problem, labels, scales, chunk_size, sum_
         h3 = _chunked(h, padded, chunk_size)
         y3 = _chunked(labels, padded, chunk_size)
         s3 = _chunked(scales, padded, chunk_size)
-        dh_parts = tf.TensorArray(compute_dtype, size=chunks, element_shape=h3.shape[1:],
-                                  infer_shape=True)
-        dw0 = tf.zeros(tf.shape(w), _sum_dtype(compute_dtype))
-        db0 = tf.zeros(tf.shape(b), _sum_dtype(compute_dtype))
+        dh_parts, dw0, db0 = _gradient_accumulators(compute_dtype, chunks, h3, w, b)
 
         def body(i, total, dh_parts, dw, db):
             hc = h3[i]
             loss, g = problem.losses_and_scaled_gradient(_logits(hc, w, b), y3[i], s3[i])
             total += tf.reduce_sum(loss * s3[i])
-            dh_parts = dh_parts.write(i, tf.matmul(g, w, transpose_b=True))
-            dw += tf.cast(tf.matmul(hc, g, transpose_a=True), dw.dtype)
-            db += tf.cast(tf.reduce_sum(g, axis=0), db.dtype)
-            return i + 1, total, dh_parts, dw, db
+            return (i + 1, total) + _add_chunk_gradients(i, hc, g, w, dh_parts, dw, db)
 
         _, total, dh_parts, dw, db = tf.while_loop(
             lambda i, *_: i < chunks, body,
             (tf.constant(0), tf.zeros([], sum_dtype), dh_parts, dw0, db0),
             parallel_iterations=1)  # one chunk's logits at a time
-        dh = tf.reshape(dh_parts.stack(), [-1, tf.shape(h)[1]])[:rows]
+        dh = _stacked_rows(dh_parts, h, rows)
         dw = tf.cast(dw, w_own.dtype)
         db = tf.cast(db, b_own.dtype)
 
@@ -451,24 +467,19 @@ def _unreduced(h2, w_in, b_in, problem: _Problem, labels, scales, chunk_size, su
 
         def backward(upstream):
             u3 = _chunked(tf.cast(upstream, compute_dtype), padded, chunk_size)
-            dh_parts = tf.TensorArray(compute_dtype, size=chunks, element_shape=h3.shape[1:])
-            dw0 = tf.zeros(tf.shape(w), _sum_dtype(compute_dtype))
-            db0 = tf.zeros(tf.shape(b), _sum_dtype(compute_dtype))
+            dh_parts, dw0, db0 = _gradient_accumulators(compute_dtype, chunks, h3, w, b)
 
             def back_body(i, dh_parts, dw, db):
                 hc = h3[i]
                 g = problem.gradient(_logits(hc, w, b), y3[i], u3[i],
                                      stats3[i] if problem.native else None)
-                dh_parts = dh_parts.write(i, tf.matmul(g, w, transpose_b=True))
-                dw += tf.cast(tf.matmul(hc, g, transpose_a=True), dw.dtype)
-                db += tf.cast(tf.reduce_sum(g, axis=0), db.dtype)
-                return i + 1, dh_parts, dw, db
+                return (i + 1,) + _add_chunk_gradients(i, hc, g, w, dh_parts, dw, db)
 
             _, dh_parts, dw, db = tf.while_loop(
                 lambda i, *_: i < chunks, back_body, (tf.constant(0), dh_parts, dw0, db0),
                 parallel_iterations=1)
-            dh = tf.reshape(dh_parts.stack(), [-1, tf.shape(h)[1]])[:rows]
-            return dh, tf.cast(dw, w_own.dtype), tf.cast(db, b_own.dtype)
+            return (_stacked_rows(dh_parts, h, rows), tf.cast(dw, w_own.dtype),
+                    tf.cast(db, b_own.dtype))
 
         return losses, backward
 
