@@ -371,6 +371,16 @@ def _logits(hc: tf.Tensor, w: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
     return tf.nn.bias_add(tf.matmul(hc, w), b)
 
 
+def _chunked_inputs(h: tf.Tensor, w_own: tf.Tensor, b_own: tf.Tensor, labels: tf.Tensor,
+                    chunk_size, compute_dtype: tf.DType):
+    """The projection in the compute dtype, the row and chunk counts, the padded row count,
+    and the hidden states and labels as [chunks, chunk_size, ...]."""
+    rows = tf.shape(h)[0]
+    chunks, padded = _chunking(rows, chunk_size)
+    return (tf.cast(w_own, compute_dtype), tf.cast(b_own, compute_dtype), rows, chunks, padded,
+            _chunked(h, padded, chunk_size), _chunked(labels, padded, chunk_size))
+
+
 def _gradient_accumulators(compute_dtype: tf.DType, chunks, h3: tf.Tensor, w: tf.Tensor,
                            b: tf.Tensor):
     """Empty per-chunk d hidden parts, and zero d kernel and d bias sums."""
@@ -398,12 +408,8 @@ def _reduced(h2, w_in, b_in, problem: _Problem, labels, scales, chunk_size, sum_
 
     @tf.custom_gradient
     def fused(h, w_own, b_own):
-        w = tf.cast(w_own, compute_dtype)
-        b = tf.cast(b_own, compute_dtype)
-        rows = tf.shape(h)[0]
-        chunks, padded = _chunking(rows, chunk_size)
-        h3 = _chunked(h, padded, chunk_size)
-        y3 = _chunked(labels, padded, chunk_size)
+        w, b, rows, chunks, padded, h3, y3 = _chunked_inputs(h, w_own, b_own, labels,
+                                                             chunk_size, compute_dtype)
         s3 = _chunked(scales, padded, chunk_size)
         dh_parts, dw0, db0 = _gradient_accumulators(compute_dtype, chunks, h3, w, b)
 
@@ -440,12 +446,8 @@ def _unreduced(h2, w_in, b_in, problem: _Problem, labels, scales, chunk_size, su
 
     @tf.custom_gradient
     def per_row(h, w_own, b_own):
-        w = tf.cast(w_own, compute_dtype)
-        b = tf.cast(b_own, compute_dtype)
-        rows = tf.shape(h)[0]
-        chunks, padded = _chunking(rows, chunk_size)
-        h3 = _chunked(h, padded, chunk_size)
-        y3 = _chunked(labels, padded, chunk_size)
+        w, b, rows, chunks, padded, h3, y3 = _chunked_inputs(h, w_own, b_own, labels,
+                                                             chunk_size, compute_dtype)
         loss_parts = tf.TensorArray(sum_dtype, size=chunks, element_shape=[_static(chunk_size)])
         stats_parts = tf.TensorArray(sum_dtype, size=chunks,
                                      element_shape=[_static(chunk_size), 3])
