@@ -103,6 +103,7 @@ def native_extension(
         "csrc/runtime.cc",
         "csrc/python_module.cc",
         "csrc/cpu/custom_loss_cpu.cc",
+        "csrc/cpu/add_into_cpu.cc",
         "csrc/cpu/rows_dispatch.cc",
         "csrc/cpu/rows_portable.cc",
         "csrc/cpu/rows_avx2.cc",

@@ -1,9 +1,11 @@
-// Op definitions for CustomLoss and its gradient, with shape inference.
+// Op definitions for CustomLoss and its gradient, with shape inference, and for AddInto
+// (csrc/add_into.h), the in-place sum of the chunked loss's kernel gradient.
 //
 // Registered from a static initializer: tf.load_op_library dlopens the library and collects the
 // ops registered while it loads (it does not call TF_InitKernel).
 #include <cstdio>
 
+#include "csrc/add_into.h"
 #include "csrc/problem.h"
 #include "tensorflow/c/ops.h"
 
@@ -65,6 +67,12 @@ void InferGradientShape(TF_ShapeInferenceContext* ctx, TF_Status* status) {
   InferShape(ctx, status, /*keep_class_axis=*/true);
 }
 
+// The sum's shape is the `shape` input's value, known only at run time; the Python caller sets
+// it (tf.ensure_shape).
+void InferAddIntoShape(TF_ShapeInferenceContext* ctx, TF_Status* status) {
+  TF_ShapeInferenceContextSetUnknownShape(ctx, status);
+}
+
 void AddCommonSignature(TF_OpDefinitionBuilder* builder) {
   TF_OpDefinitionBuilderAddAttr(builder, "T: {half, bfloat16, float, double}");
   TF_OpDefinitionBuilderAddAttr(builder,
@@ -106,6 +114,19 @@ void RegisterOps() {
   TF_OpDefinitionBuilderAddOutput(gradient, "grad_logits: T");
   TF_OpDefinitionBuilderSetShapeInferenceFunction(gradient, &InferGradientShape);
   Register(gradient, kGradientOpName);
+
+  TF_OpDefinitionBuilder* add_into = TF_NewOpDefinitionBuilder(kAddIntoOpName);
+  TF_OpDefinitionBuilderAddAttr(add_into, "T: {float, double}");
+  TF_OpDefinitionBuilderAddInput(add_into, "accumulator: T");
+  TF_OpDefinitionBuilderAddInput(add_into, "addend: T");
+  TF_OpDefinitionBuilderAddInput(add_into, "first: bool");
+  TF_OpDefinitionBuilderAddInput(add_into, "row_offset: int64");
+  TF_OpDefinitionBuilderAddInput(add_into, "shape: int64");
+  TF_OpDefinitionBuilderAddOutput(add_into, "sum: T");
+  // Stateful: it writes into its input, so it must never be folded, merged or reordered.
+  TF_OpDefinitionBuilderSetIsStateful(add_into, true);
+  TF_OpDefinitionBuilderSetShapeInferenceFunction(add_into, &InferAddIntoShape);
+  Register(add_into, kAddIntoOpName);
 }
 
 const bool ops_registered = (RegisterOps(), true);

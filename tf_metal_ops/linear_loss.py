@@ -19,15 +19,20 @@ Unreduced (`reduction=None`), the upstream gradient of each row is only known in
 which makes each chunk's logits again and hands them to the gradient op with the forward's row
 statistics (three floats per row).
 
-The rows are padded to a whole number of chunks (scale 0, so they add nothing), which gives
-every iteration the same static shapes: the loop compiles under XLA, where the composed loss
-(`tf_metal_ops.composed`) replaces the native op in each chunk.
+Each chunk's rows are sliced out when the loop reaches it, and the last chunk may be shorter.
+Under XLA, which wants every iteration to have the same static shapes, the rows are padded to a
+whole number of chunks instead (scale 0, so they add nothing; a copy of the hidden states), and
+the composed loss (`tf_metal_ops.composed`) replaces the native op in each chunk.
+
+The kernel's gradient is a sum over chunks. On the CPU it is summed in place (our AddInto op,
+csrc/add_into.h), so the loop holds the sum and one chunk's product, two d x V matrices; with
+TensorFlow's own AddV2 (a GPU, XLA) it holds three.
 """
 
 from __future__ import annotations
 
 import numbers
-from typing import Any, Optional, Tuple, Union
+from typing import Any, Optional, Union
 
 import numpy as np
 import tensorflow as tf
@@ -137,7 +142,8 @@ class _Problem:
     """Everything a chunk needs that does not change from chunk to chunk."""
 
     def __init__(self, dense: bool, class_weights: Optional[TensorLike], weights_t: tf.Tensor,
-                 attrs: dict, native: bool, can_raise: bool, compute_dtype: tf.DType) -> None:
+                 attrs: dict, native: bool, can_raise: bool, compute_dtype: tf.DType,
+                 sums_in_place: bool) -> None:
         self.dense = dense
         self.class_weights = class_weights
         self.weights_t = weights_t
@@ -145,6 +151,21 @@ class _Problem:
         self.native = native
         self.can_raise = can_raise
         self.compute_dtype = compute_dtype
+        self.sums_in_place = sums_in_place
+
+    def add_into(self, total: tf.Tensor, addend: tf.Tensor, i, shape,
+                 row_offset=0) -> tf.Tensor:
+        """A running sum of shape `shape` after chunk i's addend went into its rows from
+        `row_offset` on (`total` is ignored at i = 0). In place only: with AddV2 the addend
+        covers the whole sum. On the CPU our AddInto op writes into the sum's own buffer
+        (csrc/add_into.h), so the loop holds two d x V matrices rather than three."""
+        if not self.sums_in_place:
+            return total + addend
+        total = _native.op_module().tf_metal_ops_add_into(
+            accumulator=total, addend=addend, first=tf.equal(i, 0),
+            row_offset=tf.cast(row_offset, tf.int64), shape=tf.cast(shape, tf.int64))
+        total.set_shape(tf.TensorShape([None]).concatenate(addend.shape[1:]))
+        return total
 
     def losses_and_scaled_gradient(self, z: tf.Tensor, y: tf.Tensor, scales: tf.Tensor):
         """(per-row loss in float32 / float64, scales * d loss / d z in z's dtype)."""
@@ -189,6 +210,14 @@ class _Problem:
             gamma=self.attrs["gamma"], label_smoothing=self.attrs["label_smoothing"],
             ignore_class=self.attrs["ignore_class"] if self.attrs["has_ignore_class"] else None,
             can_raise=self.can_raise)
+
+
+def _runs_on_cpu(hidden: tf.Tensor) -> bool:
+    """Whether ops made now with these hidden states run on the CPU, where AddInto has its
+    kernel (a Metal GPU sums with AddV2)."""
+    device_type = loss_path.target_device_type(loss_path.requested_device(hidden),
+                                               loss_path.visible_device_types())
+    return device_type == "CPU"
 
 
 def _valid_rows(labels: tf.Tensor, dense: bool, ignore_class: Optional[int]) -> tf.Tensor:
@@ -315,7 +344,9 @@ def linear_cross_entropy(
                      has_ignore_class=ignore_class is not None,
                      ignore_class=0 if ignore_class is None else ignore_class)
         problem = _Problem(dense, class_weights, weights_t, attrs, native, can_raise,
-                           compute_dtype)
+                           compute_dtype,
+                           native and compute_dtype in (tf.float32, tf.float64)
+                           and _runs_on_cpu(h))
 
         rows_shape = tf.shape(h)[:-1]
         d = tf.shape(h)[-1]
@@ -354,76 +385,136 @@ def _static(chunk_size: Union[int, tf.Tensor]) -> Optional[int]:
     return chunk_size if isinstance(chunk_size, int) else None
 
 
-def _chunking(rows: tf.Tensor, chunk_size) -> Tuple[tf.Tensor, tf.Tensor]:
-    """(number of chunks, rows once padded to whole chunks)."""
-    chunks = (rows + chunk_size - 1) // chunk_size
-    return chunks, chunks * chunk_size
+class _Chunks:
+    """A [rows, ...] tensor read `chunk_size` rows at a time: chunk i is sliced out when read
+    (the last one may be shorter), or, padded, it is a row of one [chunks, chunk_size, ...]
+    tensor made at once with zero rows at the end (static shapes, for XLA)."""
 
+    def __init__(self, tensor: tf.Tensor, rows, chunks, chunk_size, padded: bool) -> None:
+        self.tensor = tensor
+        self.rows = rows
+        self.chunks = chunks
+        self.chunk_size = chunk_size
+        self.stacked = None
+        if padded:
+            padded_tensor = _pad_rows(tensor, chunks * chunk_size)
+            shaped = tf.reshape(padded_tensor,
+                                tf.concat([[-1, chunk_size], tf.shape(tensor)[1:]], 0))
+            self.stacked = tf.ensure_shape(
+                shaped, [None, _static(chunk_size)] + tensor.shape[1:].as_list())
 
-def _chunked(tensor: tf.Tensor, padded_rows: tf.Tensor, chunk_size) -> tf.Tensor:
-    """[rows, ...] -> [chunks, chunk_size, ...], padded with zeros."""
-    padded = _pad_rows(tensor, padded_rows)
-    shaped = tf.reshape(padded, tf.concat([[-1, chunk_size], tf.shape(tensor)[1:]], 0))
-    return tf.ensure_shape(shaped, [None, _static(chunk_size)] + tensor.shape[1:].as_list())
+    def __getitem__(self, i) -> tf.Tensor:
+        if self.stacked is not None:
+            return self.stacked[i]
+        start = i * self.chunk_size
+        return self.tensor[start:tf.minimum(start + self.chunk_size, self.rows)]
+
+    @property
+    def row_shape(self) -> tf.TensorShape:
+        """A chunk's static shape."""
+        rows = _static(self.chunk_size) if self.stacked is not None else None
+        return tf.TensorShape([rows]).concatenate(self.tensor.shape[1:])
+
+    def like(self, tensor: tf.Tensor) -> "_Chunks":
+        """Another [rows, ...] tensor, chunked the same way."""
+        return _Chunks(tensor, self.rows, self.chunks, self.chunk_size,
+                       self.stacked is not None)
 
 
 def _logits(hc: tf.Tensor, w: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
     return tf.nn.bias_add(tf.matmul(hc, w), b)
 
 
-def _chunked_inputs(h: tf.Tensor, w_own: tf.Tensor, b_own: tf.Tensor, labels: tf.Tensor,
-                    chunk_size, compute_dtype: tf.DType):
-    """The projection in the compute dtype, the row and chunk counts, the padded row count,
-    and the hidden states and labels as [chunks, chunk_size, ...]."""
+def _chunked_inputs(problem: "_Problem", h: tf.Tensor, w_own: tf.Tensor, b_own: tf.Tensor,
+                    labels: tf.Tensor, chunk_size):
+    """The projection in the compute dtype, the row and chunk counts, and the hidden states and
+    labels as _Chunks (padded under XLA)."""
     rows = tf.shape(h)[0]
-    chunks, padded = _chunking(rows, chunk_size)
-    return (tf.cast(w_own, compute_dtype), tf.cast(b_own, compute_dtype), rows, chunks, padded,
-            _chunked(h, padded, chunk_size), _chunked(labels, padded, chunk_size))
+    # At least one chunk, empty when there are no rows: every loop then runs, and each part
+    # list has an entry to concatenate.
+    chunks = tf.maximum((rows + chunk_size - 1) // chunk_size, 1)
+    h3 = _Chunks(h, rows, chunks, chunk_size, padded=not problem.can_raise)
+    return (tf.cast(w_own, problem.compute_dtype), tf.cast(b_own, problem.compute_dtype), rows,
+            chunks, h3, h3.like(labels))
 
 
-def _gradient_accumulators(compute_dtype: tf.DType, chunks, h3: tf.Tensor, w: tf.Tensor,
+def _gradient_accumulators(problem: "_Problem", chunks, h3: "_Chunks", w: tf.Tensor,
                            b: tf.Tensor):
-    """Empty per-chunk d hidden parts, and zero d kernel and d bias sums."""
-    dh_parts = tf.TensorArray(compute_dtype, size=chunks, element_shape=h3.shape[1:],
-                              infer_shape=True)
-    return (dh_parts, tf.zeros(tf.shape(w), _sum_dtype(compute_dtype)),
-            tf.zeros(tf.shape(b), _sum_dtype(compute_dtype)))
+    """d hidden, d kernel and d bias before any chunk. Summed in place, d hidden and d kernel
+    start as empty placeholders that AddInto ignores (so the loop holds no zeros beside the
+    sums); otherwise d hidden is a list of the chunks' rows, d kernel zeros."""
+    sum_dtype = _sum_dtype(problem.compute_dtype)
+    if problem.sums_in_place:
+        dh = tf.zeros([0, 0], problem.compute_dtype)
+        dw = tf.zeros([0, 0], sum_dtype)
+    else:
+        dh = _parts(problem.compute_dtype, chunks, h3.row_shape)
+        dw = tf.zeros(tf.shape(w), sum_dtype)
+    return dh, dw, tf.zeros(tf.shape(b), sum_dtype)
 
 
-def _add_chunk_gradients(i, hc: tf.Tensor, g: tf.Tensor, w: tf.Tensor, dh_parts, dw, db):
+def _gradient_loop(problem: "_Problem", chunks, body, loop_vars: tuple, h: tf.Tensor,
+                   w: tf.Tensor):
+    """Runs `body` over the chunks (at least one), one at a time, with d hidden, d kernel and
+    d bias as the last loop variables (see _gradient_accumulators); returns the loop's final
+    variables, d hidden as [rows, d] and d kernel with w's shape."""
+    invariants = None
+    if problem.sums_in_place:  # the placeholders are [0, 0], the sums [rows, d] and [d, V]
+        invariants = [tf.TensorShape(tf.convert_to_tensor(v).shape) for v in loop_vars[:-3]]
+        invariants += [tf.TensorShape([None, None])] * 2 + [loop_vars[-1].shape]
+    out = list(tf.while_loop(lambda i, *_: i < chunks, body, loop_vars,
+                             shape_invariants=None if invariants is None else tuple(invariants),
+                             parallel_iterations=1))  # one chunk's logits at a time
+    if problem.sums_in_place:
+        out[-3] = tf.ensure_shape(out[-3], h.shape)
+        out[-2] = tf.ensure_shape(out[-2], w.shape)
+    else:
+        out[-3] = _stacked_rows(out[-3], tf.shape(h)[0])
+    return out
+
+
+def _add_chunk_gradients(problem: "_Problem", i, h3: "_Chunks", g: tf.Tensor, w: tf.Tensor,
+                         dh, dw, db):
     """Chunk i's share of the three gradients, from its d loss / d logits `g`."""
-    dh_parts = dh_parts.write(i, tf.matmul(g, w, transpose_b=True))
-    dw += tf.cast(tf.matmul(hc, g, transpose_a=True), dw.dtype)
+    hc = h3[i]
+    dh_rows = tf.matmul(g, w, transpose_b=True)
+    if problem.sums_in_place:
+        dh = problem.add_into(dh, dh_rows, i, tf.shape(h3.tensor), row_offset=i * h3.chunk_size)
+    else:
+        dh = dh.write(i, dh_rows)
+    dw = problem.add_into(dw, tf.cast(tf.matmul(hc, g, transpose_a=True), dw.dtype), i,
+                          tf.shape(w))
     db += tf.cast(tf.reduce_sum(g, axis=0), db.dtype)
-    return dh_parts, dw, db
+    return dh, dw, db
 
 
-def _stacked_rows(dh_parts, h: tf.Tensor, rows) -> tf.Tensor:
-    """The chunks' d hidden as [rows, d], the padding rows dropped."""
-    return tf.reshape(dh_parts.stack(), [-1, tf.shape(h)[1]])[:rows]
+def _parts(dtype: tf.DType, chunks, element_shape: tf.TensorShape) -> tf.TensorArray:
+    """One entry per chunk (of the chunk's rows, which may differ for the last)."""
+    return tf.TensorArray(dtype, size=chunks, element_shape=element_shape,
+                          infer_shape=element_shape[0] is not None)
+
+
+def _stacked_rows(parts: tf.TensorArray, rows) -> tf.Tensor:
+    """The chunks' parts as one tensor of `rows` rows, any padding rows dropped."""
+    return parts.concat()[:rows]
 
 
 def _reduced(h2, w_in, b_in, problem: _Problem, labels, scales, chunk_size, sum_dtype):
-    compute_dtype = problem.compute_dtype
-
     @tf.custom_gradient
     def fused(h, w_own, b_own):
-        w, b, rows, chunks, padded, h3, y3 = _chunked_inputs(h, w_own, b_own, labels,
-                                                             chunk_size, compute_dtype)
-        s3 = _chunked(scales, padded, chunk_size)
-        dh_parts, dw0, db0 = _gradient_accumulators(compute_dtype, chunks, h3, w, b)
+        w, b, rows, chunks, h3, y3 = _chunked_inputs(problem, h, w_own, b_own, labels,
+                                                     chunk_size)
+        s3 = h3.like(scales)
+        dh0, dw0, db0 = _gradient_accumulators(problem, chunks, h3, w, b)
 
-        def body(i, total, dh_parts, dw, db):
-            hc = h3[i]
-            loss, g = problem.losses_and_scaled_gradient(_logits(hc, w, b), y3[i], s3[i])
+        def body(i, total, dh, dw, db):
+            loss, g = problem.losses_and_scaled_gradient(_logits(h3[i], w, b), y3[i], s3[i])
             total += tf.reduce_sum(loss * s3[i])
-            return (i + 1, total) + _add_chunk_gradients(i, hc, g, w, dh_parts, dw, db)
+            return (i + 1, total) + _add_chunk_gradients(problem, i, h3, g, w, dh, dw, db)
 
-        _, total, dh_parts, dw, db = tf.while_loop(
-            lambda i, *_: i < chunks, body,
-            (tf.constant(0), tf.zeros([], sum_dtype), dh_parts, dw0, db0),
-            parallel_iterations=1)  # one chunk's logits at a time
-        dh = _stacked_rows(dh_parts, h, rows)
+        _, total, dh, dw, db = _gradient_loop(
+            problem, chunks, body, (tf.constant(0), tf.zeros([], sum_dtype), dh0, dw0, db0),
+            h, w)
         dw = tf.cast(dw, w_own.dtype)
         db = tf.cast(db, b_own.dtype)
 
@@ -441,47 +532,40 @@ def _reduced(h2, w_in, b_in, problem: _Problem, labels, scales, chunk_size, sum_
 
 
 def _unreduced(h2, w_in, b_in, problem: _Problem, labels, scales, chunk_size, sum_dtype):
-    compute_dtype = problem.compute_dtype
     del scales
 
     @tf.custom_gradient
     def per_row(h, w_own, b_own):
-        w, b, rows, chunks, padded, h3, y3 = _chunked_inputs(h, w_own, b_own, labels,
-                                                             chunk_size, compute_dtype)
-        loss_parts = tf.TensorArray(sum_dtype, size=chunks, element_shape=[_static(chunk_size)])
-        stats_parts = tf.TensorArray(sum_dtype, size=chunks,
-                                     element_shape=[_static(chunk_size), 3])
+        w, b, rows, chunks, h3, y3 = _chunked_inputs(problem, h, w_own, b_own, labels,
+                                                     chunk_size)
+        loss_parts = _parts(sum_dtype, chunks, h3.row_shape[:1])
+        stats_parts = _parts(sum_dtype, chunks, h3.row_shape[:1].concatenate([3]))
 
         def body(i, loss_parts, stats_parts):
-            loss, stats = problem.losses_and_row_stats(_logits(h3[i], w, b), y3[i])
+            z = _logits(h3[i], w, b)
+            loss, stats = problem.losses_and_row_stats(z, y3[i])
             loss_parts = loss_parts.write(i, tf.cast(loss, sum_dtype))
-            if stats is not None:
-                stats_parts = stats_parts.write(i, tf.cast(stats, sum_dtype))
-            else:  # the composed gradient finds its statistics again
-                stats_parts = stats_parts.write(i, tf.zeros([chunk_size, 3], sum_dtype))
-            return i + 1, loss_parts, stats_parts
+            if stats is None:  # the composed gradient finds its statistics again
+                stats = tf.zeros([tf.shape(z)[0], 3], sum_dtype)
+            return i + 1, loss_parts, stats_parts.write(i, tf.cast(stats, sum_dtype))
 
         _, loss_parts, stats_parts = tf.while_loop(
             lambda i, *_: i < chunks, body, (tf.constant(0), loss_parts, stats_parts),
             parallel_iterations=1)
-        losses = tf.reshape(loss_parts.stack(), [-1])[:rows]
-        stats3 = stats_parts.stack()
+        losses = _stacked_rows(loss_parts, rows)
 
         def backward(upstream):
-            u3 = _chunked(tf.cast(upstream, compute_dtype), padded, chunk_size)
-            dh_parts, dw0, db0 = _gradient_accumulators(compute_dtype, chunks, h3, w, b)
+            u3 = h3.like(tf.cast(upstream, problem.compute_dtype))
+            dh0, dw0, db0 = _gradient_accumulators(problem, chunks, h3, w, b)
 
-            def back_body(i, dh_parts, dw, db):
-                hc = h3[i]
-                g = problem.gradient(_logits(hc, w, b), y3[i], u3[i],
-                                     stats3[i] if problem.native else None)
-                return (i + 1,) + _add_chunk_gradients(i, hc, g, w, dh_parts, dw, db)
+            def back_body(i, dh, dw, db):
+                g = problem.gradient(_logits(h3[i], w, b), y3[i], u3[i],
+                                     stats_parts.read(i) if problem.native else None)
+                return (i + 1,) + _add_chunk_gradients(problem, i, h3, g, w, dh, dw, db)
 
-            _, dh_parts, dw, db = tf.while_loop(
-                lambda i, *_: i < chunks, back_body, (tf.constant(0), dh_parts, dw0, db0),
-                parallel_iterations=1)
-            return (_stacked_rows(dh_parts, h, rows), tf.cast(dw, w_own.dtype),
-                    tf.cast(db, b_own.dtype))
+            _, dh, dw, db = _gradient_loop(
+                problem, chunks, back_body, (tf.constant(0), dh0, dw0, db0), h, w)
+            return dh, tf.cast(dw, w_own.dtype), tf.cast(db, b_own.dtype)
 
         return losses, backward
 
