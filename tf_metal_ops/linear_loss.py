@@ -60,6 +60,10 @@ REDUCTIONS = ("mean", "sum", None)
 # its pool side by side, several chunks' worth (measured: 5 to 8 at d = 512).
 DEFAULT_CHUNK_BYTES = 32 * 2**20
 HIDDEN_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
+# Summed in place, each chunk's d kernel product is made in vocabulary blocks of about this
+# size (see _add_chunk_gradients): the loop then holds the sum, one chunk of logits and one
+# block, where a whole product would be a second d x V matrix.
+KERNEL_BLOCK_BYTES = 16 * 2**20
 
 
 def check_reduction(reduction: Any) -> Optional[str]:
@@ -153,16 +157,16 @@ class _Problem:
         self.compute_dtype = compute_dtype
         self.sums_in_place = sums_in_place
 
-    def add_into(self, total: tf.Tensor, addend: tf.Tensor, i, shape,
+    def add_into(self, total: tf.Tensor, addend: tf.Tensor, first, shape,
                  row_offset=0) -> tf.Tensor:
-        """A running sum of shape `shape` after chunk i's addend went into its rows from
-        `row_offset` on (`total` is ignored at i = 0). In place only: with AddV2 the addend
-        covers the whole sum. On the CPU our AddInto op writes into the sum's own buffer
-        (csrc/add_into.h), so the loop holds two d x V matrices rather than three."""
+        """A running sum of shape `shape` after `addend` went into its rows from `row_offset`
+        on (`total` is ignored where `first`). In place only: with AddV2 the addend covers the
+        whole sum. On the CPU our AddInto op writes into the sum's own buffer
+        (csrc/add_into.h)."""
         if not self.sums_in_place:
             return total + addend
         total = _native.op_module().tf_metal_ops_add_into(
-            accumulator=total, addend=addend, first=tf.equal(i, 0),
+            accumulator=total, addend=addend, first=first,
             row_offset=tf.cast(row_offset, tf.int64), shape=tf.cast(shape, tf.int64))
         total.set_shape(tf.TensorShape([None]).concatenate(addend.shape[1:]))
         return total
@@ -467,23 +471,46 @@ def _gradient_loop(problem: "_Problem", chunks, body, loop_vars: tuple, h: tf.Te
                              parallel_iterations=1))  # one chunk's logits at a time
     if problem.sums_in_place:
         out[-3] = tf.ensure_shape(out[-3], h.shape)
-        out[-2] = tf.ensure_shape(out[-2], w.shape)
+        out[-2] = tf.ensure_shape(tf.transpose(out[-2]), w.shape)
     else:
         out[-3] = _stacked_rows(out[-3], tf.shape(h)[0])
     return out
 
 
+def _kernel_gradient_blocks(w: tf.Tensor) -> int:
+    """How many vocabulary blocks chunk's d kernel product is made in when summed in place:
+    blocks of about KERNEL_BLOCK_BYTES, so that beside the sum the loop holds one block rather
+    than a second d x V matrix. 1 where d or V is not known when tracing."""
+    d, v = w.shape
+    if d is None or v is None:
+        return 1
+    return int(max(1, min(v, -(-4 * d * v // KERNEL_BLOCK_BYTES))))
+
+
 def _add_chunk_gradients(problem: "_Problem", i, h3: "_Chunks", g: tf.Tensor, w: tf.Tensor,
                          dh, dw, db):
-    """Chunk i's share of the three gradients, from its d loss / d logits `g`."""
+    """Chunk i's share of the three gradients, from its d loss / d logits `g`. Summed in place,
+    d kernel is kept transposed ([V, d]) so that its vocabulary blocks are rows, and
+    `_gradient_loop` transposes it once at the end."""
     hc = h3[i]
     dh_rows = tf.matmul(g, w, transpose_b=True)
     if problem.sums_in_place:
-        dh = problem.add_into(dh, dh_rows, i, tf.shape(h3.tensor), row_offset=i * h3.chunk_size)
+        first = tf.equal(i, 0)
+        dh = problem.add_into(dh, dh_rows, first, tf.shape(h3.tensor),
+                              row_offset=i * h3.chunk_size)
+        v = tf.shape(w)[1]
+        blocks = _kernel_gradient_blocks(w)
+        for j in range(blocks):  # rows [start, stop) of d kernel transposed
+            start, stop = v * j // blocks, v * (j + 1) // blocks
+            # One block at a time: without the dependency the executor would make every
+            # block's product at once, as they are all ready.
+            with tf.control_dependencies([dw] if j else []):
+                part = tf.matmul(g[:, start:stop], hc, transpose_a=True)
+            dw = problem.add_into(dw, tf.cast(part, dw.dtype), first if j == 0 else False,
+                                  tf.reverse(tf.shape(w), [0]), row_offset=start)
     else:
         dh = dh.write(i, dh_rows)
-    dw = problem.add_into(dw, tf.cast(tf.matmul(hc, g, transpose_a=True), dw.dtype), i,
-                          tf.shape(w))
+        dw += tf.cast(tf.matmul(hc, g, transpose_a=True), dw.dtype)
     db += tf.cast(tf.reduce_sum(g, axis=0), db.dtype)
     return dh, dw, db
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -90,7 +91,11 @@ Error CheckPlacement(const Request& request, const std::vector<int64_t>& addend)
   const bool fits = !sum.empty() && addend.size() == sum.size() &&
                     std::equal(addend.begin() + 1, addend.end(), sum.begin() + 1) &&
                     request.row_offset >= 0 && request.row_offset + addend[0] <= sum[0];
-  if (fits) return Error::Ok();
+  // The sum's size in bytes must be representable (a raw call may ask for any shape).
+  const int64_t row_bytes = Product(addend, 1) * 8;
+  if (fits && (row_bytes == 0 || sum[0] <= std::numeric_limits<int64_t>::max() / row_bytes)) {
+    return Error::Ok();
+  }
   return Error::InvalidArgument("AddInto: an addend of shape " + DimsText(addend) +
                                 " does not fit a sum of shape " + DimsText(sum) +
                                 " at row " + std::to_string(request.row_offset));
