@@ -24,9 +24,12 @@ Under XLA, which wants every iteration to have the same static shapes, the rows 
 whole number of chunks instead (scale 0, so they add nothing; a copy of the hidden states), and
 the composed loss (`tf_metal_ops.composed`) replaces the native op in each chunk.
 
-The kernel's gradient is a sum over chunks. On the CPU it is summed in place (our AddInto op,
-csrc/add_into.h), so the loop holds the sum and one chunk's product, two d x V matrices; with
-TensorFlow's own AddV2 (a GPU, XLA) it holds three.
+The kernel's gradient is a sum over chunks of d x V products. On the CPU it is summed in place
+(our AddInto op, csrc/add_into.h), each chunk's product made in vocabulary blocks of about
+KERNEL_BLOCK_BYTES one after the other, so the loop holds the sum and one block; the hidden
+states' gradient is written likewise, chunk by chunk, into one [N, d] tensor. With TensorFlow's
+own AddV2 (a GPU, XLA) the loop holds the old sum, the product and the new sum: three d x V
+matrices.
 """
 
 from __future__ import annotations
