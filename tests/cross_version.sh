@@ -25,7 +25,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PYTHON=${PYTHON:-python3}
 # The XLA detection of tf_metal_ops/loss_path.py reads private TensorFlow API: checked on each.
-CROSS_TESTS=${CROSS_TESTS:-"tests/test_custom_loss_op.py tests/test_bad_input.py tests/test_keras_loss.py tests/test_reduced_loss.py tests/test_composed.py::test_xla_detection_is_available_on_the_installed_tensorflow tests/test_composed.py::test_xla_context_true_inside_jit_also_nested_and_false_elsewhere"}
+CROSS_TESTS=${CROSS_TESTS:-"tests/test_custom_loss_op.py tests/test_add_into.py tests/test_bad_input.py tests/test_keras_loss.py tests/test_reduced_loss.py tests/test_composed.py::test_xla_detection_is_available_on_the_installed_tensorflow tests/test_composed.py::test_xla_context_true_inside_jit_also_nested_and_false_elsewhere"}
 VERSIONS=("$@")
 [ ${#VERSIONS[@]} -gt 0 ] || VERSIONS=(2.16 2.18 2.21)
 if [ -n "${CROSS_WORK:-}" ]; then

@@ -42,7 +42,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 PYTHON=${PYTHON:-python3}
 WORK=${AARCH64_WORK:-${XDG_CACHE_HOME:-$HOME/.cache}/tf_metal_ops_aarch64}
-AARCH64_TESTS=${AARCH64_TESTS:-"tests/test_custom_loss_op.py tests/test_cpu_kernels.py tests/test_row_stats.py tests/test_bad_input.py tests/test_reduced_loss.py::test_scaled_gradient_is_the_gradient_ops_bit_for_bit tests/test_reduced_loss.py::test_float64_and_empty_batches_make_no_scaled_gradient tests/test_vocabulary_scale.py::test_custom_loss_error_does_not_grow_with_classes"}
+AARCH64_TESTS=${AARCH64_TESTS:-"tests/test_custom_loss_op.py tests/test_add_into.py tests/test_cpu_kernels.py tests/test_row_stats.py tests/test_bad_input.py tests/test_reduced_loss.py::test_scaled_gradient_is_the_gradient_ops_bit_for_bit tests/test_reduced_loss.py::test_float64_and_empty_batches_make_no_scaled_gradient tests/test_vocabulary_scale.py::test_custom_loss_error_does_not_grow_with_classes"}
 TENSORFLOW_REQUIREMENT="tensorflow==2.21.0"
 # The tools the tests import, beside TensorFlow (its own dependencies come with it).
 TEST_REQUIREMENTS=(pytest hypothesis pybind11 "setuptools>=77")

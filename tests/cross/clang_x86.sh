@@ -23,7 +23,7 @@ PYTHON=${PYTHON:-python3}
 CLANG=${CLANG:-clang++-16}
 # The op tests, the Keras loss, the properties and robustness tests, the run-time settings and
 # the vector math check (which test_simd_math.py builds with $CXX: clang here too).
-CLANG_TESTS=${CLANG_TESTS:-"tests/test_custom_loss_op.py tests/test_reduced_loss.py tests/test_vocabulary_scale.py tests/test_row_stats.py tests/test_cpu_kernels.py tests/test_bad_input.py tests/test_keras_loss.py tests/test_properties.py tests/test_robustness.py tests/test_runtime_settings.py tests/test_simd_math.py"}
+CLANG_TESTS=${CLANG_TESTS:-"tests/test_custom_loss_op.py tests/test_add_into.py tests/test_reduced_loss.py tests/test_vocabulary_scale.py tests/test_row_stats.py tests/test_cpu_kernels.py tests/test_bad_input.py tests/test_keras_loss.py tests/test_properties.py tests/test_robustness.py tests/test_runtime_settings.py tests/test_simd_math.py"}
 if [ -n "${CLANG_WORK:-}" ]; then
   WORK=$CLANG_WORK
   mkdir -p "$WORK"

@@ -34,7 +34,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 PYTHON=${PYTHON:-python3}
 CXX=${CXX:-g++}
-SANITIZER_TESTS=${SANITIZER_TESTS:-"tests/test_custom_loss_op.py tests/test_bad_input.py tests/test_keras_loss.py tests/test_properties.py tests/test_robustness.py tests/test_reduced_loss.py tests/test_pending_errors.py"}
+SANITIZER_TESTS=${SANITIZER_TESTS:-"tests/test_custom_loss_op.py tests/test_add_into.py tests/test_bad_input.py tests/test_keras_loss.py tests/test_properties.py tests/test_robustness.py tests/test_reduced_loss.py tests/test_pending_errors.py"}
 if [ -n "${SANITIZER_WORK:-}" ]; then
   WORK=$SANITIZER_WORK
   mkdir -p "$WORK"
