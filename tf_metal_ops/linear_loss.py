@@ -163,11 +163,8 @@ class _Problem:
     def add_into(self, total: tf.Tensor, addend: tf.Tensor, first, shape,
                  row_offset=0) -> tf.Tensor:
         """A running sum of shape `shape` after `addend` went into its rows from `row_offset`
-        on (`total` is ignored where `first`). In place only: with AddV2 the addend covers the
-        whole sum. On the CPU our AddInto op writes into the sum's own buffer
-        (csrc/add_into.h)."""
-        if not self.sums_in_place:
-            return total + addend
+        on (`total` is ignored where `first`), written by our AddInto op into the sum's own
+        buffer (csrc/add_into.h); only where `sums_in_place`."""
         total = _native.op_module().tf_metal_ops_add_into(
             accumulator=total, addend=addend, first=first,
             row_offset=tf.cast(row_offset, tf.int64), shape=tf.cast(shape, tf.int64))
