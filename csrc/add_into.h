@@ -5,8 +5,8 @@
 // gradient, and writes each chunk's rows of the hidden states' gradient. With TensorFlow's
 // AddV2 the sum is a new d x V tensor each chunk: inside a while loop AddV2 cannot take over
 // its input, which the loop's own frame still holds, so the old sum, the chunk's product and
-// the new sum live side by side. And a TensorArray of the chunks' rows leaves small tensors
-// between the chunk-sized ones, which keeps the allocator from reusing their space. PyTorch
+// the new sum live side by side. The hidden states' gradient goes the same way, chunk by chunk
+// into one [N, d] sum, in place of a TensorArray of the chunks' rows. PyTorch
 // writes the product straight into the sum (torch.addmm's `out=`, as Liger-Kernel's fused
 // linear cross-entropy does); TensorFlow's own InplaceAdd op adds into its input's buffer as
 // this op does, but one row at a time.

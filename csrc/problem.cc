@@ -9,12 +9,6 @@
 namespace tf_metal_ops {
 namespace {
 
-std::vector<int64_t> Dims(const TF_Tensor* tensor) {
-  std::vector<int64_t> dims(TF_NumDims(tensor));
-  for (size_t i = 0; i < dims.size(); ++i) dims[i] = TF_Dim(tensor, static_cast<int>(i));
-  return dims;
-}
-
 bool IsFloatType(TF_DataType dtype) {
   return dtype == TF_HALF || dtype == TF_BFLOAT16 || dtype == TF_FLOAT || dtype == TF_DOUBLE;
 }

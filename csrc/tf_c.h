@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "tensorflow/c/kernels.h"
 #include "tensorflow/c/tf_status.h"
@@ -58,6 +59,13 @@ inline void FailConstruction(TF_OpKernelConstruction* ctx, const Error& error) {
 inline Error FromStatus(const TF_Status* status, const std::string& what) {
   if (TF_GetCode(status) == TF_OK) return Error::Ok();
   return {TF_GetCode(status), what + ": " + TF_Message(status)};
+}
+
+// A tensor's shape.
+inline std::vector<int64_t> Dims(const TF_Tensor* tensor) {
+  std::vector<int64_t> dims(TF_NumDims(tensor));
+  for (size_t i = 0; i < dims.size(); ++i) dims[i] = TF_Dim(tensor, static_cast<int>(i));
+  return dims;
 }
 
 // Input `index` of the running kernel, owned.

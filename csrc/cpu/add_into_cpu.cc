@@ -10,6 +10,7 @@
 
 #include "csrc/add_into.h"
 #include "csrc/cpu/parallel_for.h"
+#include "csrc/problem.h"
 #include "csrc/tf_c.h"
 
 namespace tf_metal_ops {
@@ -18,18 +19,6 @@ namespace {
 // Elements per ParallelFor row: the sum is one pass over memory, so a thread gets whole blocks
 // of a few pages rather than single elements.
 constexpr int64_t kBlockElements = 16 * 1024;
-
-std::string DimsText(const std::vector<int64_t>& dims) {
-  std::string text = "[";
-  for (size_t i = 0; i < dims.size(); ++i) text += (i ? ", " : "") + std::to_string(dims[i]);
-  return text + "]";
-}
-
-std::vector<int64_t> Dims(const TF_Tensor* tensor) {
-  std::vector<int64_t> dims(TF_NumDims(tensor));
-  for (int i = 0; i < TF_NumDims(tensor); ++i) dims[i] = TF_Dim(tensor, i);
-  return dims;
-}
 
 int64_t Product(const std::vector<int64_t>& dims, size_t from) {
   int64_t product = 1;
@@ -74,9 +63,9 @@ Error ReadRequest(TF_OpKernelContext* ctx, Request* request) {
   if (TF_NumDims(first.get()) != 0 || TF_NumDims(offset.get()) != 0 ||
       TF_NumDims(shape.get()) != 1) {
     return Error::InvalidArgument("AddInto: first and row_offset must be scalars and shape a "
-                                  "vector, got shapes " + DimsText(Dims(first.get())) + ", " +
-                                  DimsText(Dims(offset.get())) + ", " +
-                                  DimsText(Dims(shape.get())));
+                                  "vector, got shapes " + ShapeString(Dims(first.get())) + ", " +
+                                  ShapeString(Dims(offset.get())) + ", " +
+                                  ShapeString(Dims(shape.get())));
   }
   request->first = *static_cast<const bool*>(TF_TensorData(first.get()));
   request->row_offset = *static_cast<const int64_t*>(TF_TensorData(offset.get()));
@@ -96,8 +85,8 @@ Error CheckPlacement(const Request& request, const std::vector<int64_t>& addend)
   if (fits && (row_bytes == 0 || sum[0] <= std::numeric_limits<int64_t>::max() / row_bytes)) {
     return Error::Ok();
   }
-  return Error::InvalidArgument("AddInto: an addend of shape " + DimsText(addend) +
-                                " does not fit a sum of shape " + DimsText(sum) +
+  return Error::InvalidArgument("AddInto: an addend of shape " + ShapeString(addend) +
+                                " does not fit a sum of shape " + ShapeString(sum) +
                                 " at row " + std::to_string(request.row_offset));
 }
 
@@ -140,8 +129,8 @@ Error AddToSum(TF_OpKernelContext* ctx, const Request& request, TF_Tensor* accum
                const TF_Tensor* addend) {
   if (Dims(accumulator) != request.shape) {
     return Error::InvalidArgument("AddInto: the accumulator's shape " +
-                                  DimsText(Dims(accumulator)) + " is not the sum's " +
-                                  DimsText(request.shape));
+                                  ShapeString(Dims(accumulator)) + " is not the sum's " +
+                                  ShapeString(request.shape));
   }
   AddAt(accumulator, addend, request.row_offset * Product(request.shape, 1));
   StatusPtr status = NewStatus();
