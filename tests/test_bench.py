@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import subprocess
 import sys
 
@@ -131,8 +132,9 @@ def test_memory_floor_passes_do_the_traffic_they_claim():
 
 
 def test_bench_linear_head_section_runs_every_case():
-    """`--linear-head-only --quick`: each case's child ran and reported memory, time and (for
-    ours and Dense + CustomLoss) the error against float64, and the targets are worked out."""
+    """`--linear-head-only --quick`: each case's memory child ran and reported memory and (for
+    ours and Dense + CustomLoss) the error against float64, the timing child timed every case
+    in every round, and the targets are worked out."""
     from tf_metal_ops import bench_linear_head as lh
 
     completed = subprocess.run(
@@ -150,6 +152,10 @@ def test_bench_linear_head_section_runs_every_case():
         assert set(size["extra_bytes"]) == set(cases) == set(size["median_ms"])
         assert all(extra >= 0 for extra in size["extra_bytes"].values())
         assert all(ms > 0 for ms in size["median_ms"].values())
+        assert set(size["times_ms"]) == set(cases)
+        for case, times in size["times_ms"].items():
+            assert len(times) == section["rounds"] == lh.QUICK_ROUNDS
+            assert size["median_ms"][case] == pytest.approx(statistics.median(times))
         assert set(size["errors"]) == {"fused", "dense_custom"}
         for errors in size["errors"].values():
             assert set(errors) == {"loss", "d_hidden", "d_kernel", "d_bias"}

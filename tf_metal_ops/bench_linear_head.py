@@ -8,13 +8,18 @@ language model's head: the mean loss and its gradients with respect to h, W and 
     dense_custom    h @ W + b (what Dense(V) computes), then tf_metal_ops.CustomLoss()
     dense_keras     h @ W + b, then keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
-Per case: the peak extra memory of a warm-up and the timed steps (VmHWM after clear_refs minus
-VmRSS after tracing, before any step ran: unlike `lm_head_memory`, which starts after a warm-up
-step, this counts what allocators keep between steps) and the median time of a timed step. And, on the first
-ERROR_ROWS rows, the error of fused's and dense_custom's loss and of their three gradients
+Per case, in its own child process, the peak extra memory of a warm-up and the timed steps
+(VmHWM after clear_refs minus VmRSS after tracing, before any step ran: unlike `lm_head_memory`,
+which starts after a warm-up step, this counts what allocators keep between steps). And, on the
+first ERROR_ROWS rows, the error of fused's and dense_custom's loss and of their three gradients
 against the same step in float64 (`custom_loss` on float64 logits, whose kernel is exact to
 ~1e-15), in the vocabulary-scale measure: max over rows of max |got - exact| / (1 + max |exact|
 of the row); fused runs there with chunks of ERROR_CHUNK rows, so the error crosses chunks.
+
+The times come from one more child per vocabulary size that runs the three cases' steps in
+turn, round after round (the order rotated each round), and takes each case's median: this
+machine's speed drifts by tens of percent within minutes, which cases timed in processes one
+after the other would read as a difference between them.
 
 The targets the section reports: fused's peak extra memory at most 1/8 of both compositions',
 and its time no slower than dense_custom's.
@@ -37,10 +42,12 @@ CASES = (
 )
 DEFAULT_ROWS, DEFAULT_HIDDEN, DEFAULT_CLASSES = 8192, 512, (32000, 128256)
 QUICK_ROWS, QUICK_HIDDEN, QUICK_CLASSES = 64, 16, (300,)
-DEFAULT_STEPS, QUICK_STEPS = 3, 2
+DEFAULT_STEPS, QUICK_STEPS = 3, 2  # timed steps of a memory child
+DEFAULT_ROUNDS, QUICK_ROUNDS = 5, 2  # rounds of the timing child
 ERROR_ROWS, ERROR_CHUNK = 256, 100
 MEMORY_TARGET = 1 / 8  # fused's extra memory over each composition's
 CHILD_FLAG = "--_linear-head-child"
+TIMING_CHILD_FLAG = "--_linear-head-timing-child"
 
 
 def _inputs(rows: int, hidden: int, classes: int):
@@ -111,69 +118,109 @@ def errors(case: str, h, w, b, labels) -> Dict[str, float]:
             for name, g, e in zip(("loss", "d_hidden", "d_kernel", "d_bias"), got, exact)}
 
 
-def child(case: str, rows: int, hidden: int, classes: int, steps: int) -> Dict[str, Any]:
-    """Runs in a fresh process: warm-up, then peak memory and times over `steps` steps."""
+def _arguments(h, w, b, labels):
+    """A step's arguments, (labels, h, W, b), as tensors."""
     import tensorflow as tf
 
+    return [tf.constant(labels), tf.constant(h), tf.constant(w), tf.constant(b)]
+
+
+def _run_step(step, args) -> float:
+    """Runs one step to the end; returns its seconds."""
+    start = time.perf_counter()
+    outputs = step(*args)
+    outputs[0].numpy()
+    return time.perf_counter() - start
+
+
+def child(case: str, rows: int, hidden: int, classes: int, steps: int) -> Dict[str, Any]:
+    """Runs in a fresh process: a warm-up and `steps` steps, their peak extra memory, and
+    (but for dense_keras) the errors against float64."""
     from tf_metal_ops.bench import _reset_peak_rss, _status_kib
 
-    h_np, w_np, b_np, labels_np = _inputs(rows, hidden, classes)
-    args = [tf.constant(labels_np), tf.constant(h_np), tf.constant(w_np), tf.constant(b_np)]
+    arrays = _inputs(rows, hidden, classes)
+    args = _arguments(*arrays)
     step = _step(case)
     # Traced without running, so that what the steps keep cached between them (allocators'
     # pools, a buffer set aside for the next step) counts too: the baseline is taken before
-    # any step ran, and the first, untimed step is inside the measured peak.
+    # any step ran, and the first step is inside the measured peak.
     step.get_concrete_function(*args)
     gc.collect()
     if not _reset_peak_rss():
         raise RuntimeError("the linear-head memory figure needs Linux's /proc/self/clear_refs")
     before = _status_kib("VmRSS")
-    times: List[float] = []
-    for repeat in range(steps + 1):
-        start = time.perf_counter()
-        outputs = step(*args)
-        outputs[0].numpy()
-        if repeat:
-            times.append(time.perf_counter() - start)
-        del outputs
+    for _ in range(steps + 1):
+        _run_step(step, args)
     peak = _status_kib("VmHWM")
-    result = {"case": case, "extra_bytes": 1024 * (peak - before),
-              "median_ms": 1e3 * statistics.median(times)}
+    result: Dict[str, Any] = {"case": case, "extra_bytes": 1024 * (peak - before)}
     if case != "dense_keras":
-        result["errors"] = errors(case, h_np, w_np, b_np, labels_np)
+        result["errors"] = errors(case, *arrays)
     return result
 
 
-def measure(rows: int, hidden: int, classes: Sequence[int], steps: int,
+def timing_child(rows: int, hidden: int, classes: int, rounds: int) -> Dict[str, Any]:
+    """Runs in a fresh process: every case's step once to warm up, then `rounds` rounds of one
+    step per case, each round starting one case later; each case's median and all its times."""
+    args = _arguments(*_inputs(rows, hidden, classes))
+    names = [name for name, _ in CASES]
+    steps = {name: _step(name) for name in names}
+    for name in names:
+        _run_step(steps[name], args)
+    times: Dict[str, List[float]] = {name: [] for name in names}
+    for round_ in range(rounds):
+        for k in range(len(names)):
+            name = names[(round_ + k) % len(names)]
+            times[name].append(1e3 * _run_step(steps[name], args))
+    return {"median_ms": {name: statistics.median(t) for name, t in times.items()},
+            "times_ms": times}
+
+
+def _child_json(command: List[str]) -> Tuple[Dict[str, Any], str]:
+    """The last JSON line a child printed, or ({}, why it failed)."""
+    completed = subprocess.run(command, capture_output=True, text=True, check=False)
+    lines = [l for l in completed.stdout.splitlines() if l.startswith("{")]
+    if completed.returncode != 0 or not lines:
+        return {}, (completed.stderr.strip().splitlines() or ["no output"])[-1]
+    return json.loads(lines[-1]), ""
+
+
+def measure(rows: int, hidden: int, classes: Sequence[int], steps: int, rounds: int,
             progress=None) -> Dict[str, Any]:
-    """The section: every case at every vocabulary size, each in a child process."""
+    """The section: every case at every vocabulary size, memory in a child process per case,
+    times in one child per size."""
     results: Dict[str, Any] = {
-        "rows": rows, "hidden": hidden, "steps": steps, "dtype": "float32",
-        "method": (f"VmHWM after clear_refs minus VmRSS before any step ran (a warm-up and "
-                   f"{steps} timed steps); median time of the timed steps"),
+        "rows": rows, "hidden": hidden, "steps": steps, "rounds": rounds, "dtype": "float32",
+        "method": (f"memory: VmHWM after clear_refs minus VmRSS before any step ran (a warm-up "
+                   f"and {steps} steps, each case in its own process); time: median of "
+                   f"{rounds} rounds of the three cases in turn, in one process"),
         "cases": {name: description for name, description in CASES},
         "sizes": [],
     }
     for num_classes in classes:
         size: Dict[str, Any] = {"classes": num_classes, "logits_bytes": 4 * rows * num_classes,
-                                "extra_bytes": {}, "median_ms": {}, "errors": {},
-                                "failures": {}}
+                                "extra_bytes": {}, "median_ms": {}, "times_ms": {},
+                                "errors": {}, "failures": {}}
         for case, _ in CASES:
-            command = [sys.executable, "-m", "tf_metal_ops.bench", CHILD_FLAG, case,
-                       f"{rows}x{hidden}x{num_classes}x{steps}"]
-            completed = subprocess.run(command, capture_output=True, text=True, check=False)
+            found, failure = _child_json(
+                [sys.executable, "-m", "tf_metal_ops.bench", CHILD_FLAG, case,
+                 f"{rows}x{hidden}x{num_classes}x{steps}"])
             if progress is not None:
-                progress.step(f"linear head V={num_classes} {case}")
-            lines = [l for l in completed.stdout.splitlines() if l.startswith("{")]
-            if completed.returncode != 0 or not lines:
-                size["failures"][case] = (completed.stderr.strip().splitlines()
-                                          or ["no output"])[-1]
+                progress.step(f"linear head V={num_classes} {case} memory")
+            if failure:
+                size["failures"][case] = failure
                 continue
-            found = json.loads(lines[-1])
             size["extra_bytes"][case] = found["extra_bytes"]
-            size["median_ms"][case] = found["median_ms"]
             if "errors" in found:
                 size["errors"][case] = found["errors"]
+        found, failure = _child_json(
+            [sys.executable, "-m", "tf_metal_ops.bench", TIMING_CHILD_FLAG,
+             f"{rows}x{hidden}x{num_classes}x{rounds}"])
+        if progress is not None:
+            progress.step(f"linear head V={num_classes} times")
+        if failure:
+            size["failures"]["timing"] = failure
+        else:
+            size["median_ms"], size["times_ms"] = found["median_ms"], found["times_ms"]
         size["targets"] = targets(size)
         results["sizes"].append(size)
     return results
@@ -203,12 +250,15 @@ def format_section(section: Dict[str, Any]) -> List[str]:
     for size in section["sizes"]:
         lines.append(f"  V = {size['classes']} (the logits alone are "
                      f"{size['logits_bytes'] / 2**20:.0f} MiB)")
+        if "timing" in size["failures"]:
+            lines.append(f"    times failed: {size['failures']['timing']}")
         for case, _ in CASES:
             if case in size["failures"]:
                 lines.append(f"    {case:<13} failed: {size['failures'][case]}")
                 continue
+            ms = size["median_ms"].get(case)
             text = (f"    {case:<13} {size['extra_bytes'][case] / 2**20:9.1f} MiB extra "
-                    f"{size['median_ms'][case]:10.1f} ms")
+                    + (f"{ms:10.1f} ms" if ms is not None else f"{'-':>10}   "))
             if case in size["errors"]:
                 text += "  error " + ", ".join(f"{k} {v:.2g}"
                                                 for k, v in size["errors"][case].items())
@@ -220,5 +270,6 @@ def format_section(section: Dict[str, Any]) -> List[str]:
 
 
 def parse_child_size(text: str) -> Tuple[int, int, int, int]:
+    """rows x hidden x classes x steps (or rounds), as the children are given them."""
     rows, hidden, classes, steps = (int(part) for part in text.split("x"))
     return rows, hidden, classes, steps
