@@ -2,7 +2,7 @@
 
 For h [N, d] and W [d, V] (float32, a bias, labels drawn uniformly), one training step of a
 language model's head: the mean loss and its gradients with respect to h, W and b, under
-`tf.function`. Three cases, each in a fresh child process per vocabulary size:
+`tf.function`. Three cases, at each vocabulary size:
 
     fused           tf_metal_ops.linear_cross_entropy(labels, h, W, b)
     dense_custom    h @ W + b (what Dense(V) computes), then tf_metal_ops.CustomLoss()
