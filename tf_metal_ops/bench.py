@@ -463,19 +463,27 @@ def _lm_head_memory_child(case: str, rows: int, hidden: int, cols: int) -> Dict[
             "method": f"VmHWM after clear_refs minus VmRSS before {LM_HEAD_STEPS} steps"}
 
 
+def run_child(arguments: Sequence[str]) -> Tuple[Dict[str, Any], str]:
+    """Runs `python -m tf_metal_ops.bench ARGUMENTS` in a fresh process; returns the last JSON
+    line it printed and "", or {} and the last line of its stderr where it failed."""
+    completed = subprocess.run([sys.executable, "-m", "tf_metal_ops.bench", *arguments],
+                               capture_output=True, text=True, check=False)
+    lines = [l for l in completed.stdout.splitlines() if l.startswith("{")]
+    if completed.returncode != 0 or not lines:
+        return {}, (completed.stderr.strip().splitlines() or ["no output"])[-1]
+    return json.loads(lines[-1]), ""
+
+
 def _memory_children(flag: str, cases: Sequence[str], size: str, label: str,
                      progress: _Progress, result: Dict[str, Any]) -> None:
     """Runs each case's memory child (`python -m tf_metal_ops.bench FLAG CASE SIZE`) in a
     fresh process and files its extra bytes, its method, or its error in `result`."""
     for case in cases:
-        command = [sys.executable, "-m", "tf_metal_ops.bench", flag, case, size]
-        completed = subprocess.run(command, capture_output=True, text=True, check=False)
+        child, failure = run_child([flag, case, size])
         progress.step(f"{label} {case}")
-        lines = [l for l in completed.stdout.splitlines() if l.startswith("{")]
-        if completed.returncode != 0 or not lines:
-            result["errors"][case] = (completed.stderr.strip().splitlines() or ["no output"])[-1]
+        if failure:
+            result["errors"][case] = failure
             continue
-        child = json.loads(lines[-1])
         result["extra_bytes"][case] = child["extra_bytes"]
         result["method"] = child["method"]
 

@@ -28,10 +28,7 @@ and its time no slower than dense_custom's.
 from __future__ import annotations
 
 import gc
-import json
 import statistics
-import subprocess
-import sys
 import time
 from typing import Any, Dict, List, Sequence, Tuple
 
@@ -175,19 +172,12 @@ def timing_child(rows: int, hidden: int, classes: int, rounds: int) -> Dict[str,
             "times_ms": times}
 
 
-def _child_json(command: List[str]) -> Tuple[Dict[str, Any], str]:
-    """The last JSON line a child printed, or ({}, why it failed)."""
-    completed = subprocess.run(command, capture_output=True, text=True, check=False)
-    lines = [l for l in completed.stdout.splitlines() if l.startswith("{")]
-    if completed.returncode != 0 or not lines:
-        return {}, (completed.stderr.strip().splitlines() or ["no output"])[-1]
-    return json.loads(lines[-1]), ""
-
-
 def measure(rows: int, hidden: int, classes: Sequence[int], steps: int, rounds: int,
             progress=None) -> Dict[str, Any]:
     """The section: every case at every vocabulary size, memory in a child process per case,
     times in one child per size."""
+    from tf_metal_ops.bench import run_child
+
     results: Dict[str, Any] = {
         "rows": rows, "hidden": hidden, "steps": steps, "rounds": rounds, "dtype": "float32",
         "method": (f"memory: VmHWM after clear_refs minus VmRSS before any step ran (a warm-up "
@@ -201,9 +191,8 @@ def measure(rows: int, hidden: int, classes: Sequence[int], steps: int, rounds: 
                                 "extra_bytes": {}, "median_ms": {}, "times_ms": {},
                                 "errors": {}, "failures": {}}
         for case, _ in CASES:
-            found, failure = _child_json(
-                [sys.executable, "-m", "tf_metal_ops.bench", CHILD_FLAG, case,
-                 f"{rows}x{hidden}x{num_classes}x{steps}"])
+            found, failure = run_child(
+                [CHILD_FLAG, case, f"{rows}x{hidden}x{num_classes}x{steps}"])
             if progress is not None:
                 progress.step(f"linear head V={num_classes} {case} memory")
             if failure:
@@ -212,9 +201,7 @@ def measure(rows: int, hidden: int, classes: Sequence[int], steps: int, rounds: 
             size["extra_bytes"][case] = found["extra_bytes"]
             if "errors" in found:
                 size["errors"][case] = found["errors"]
-        found, failure = _child_json(
-            [sys.executable, "-m", "tf_metal_ops.bench", TIMING_CHILD_FLAG,
-             f"{rows}x{hidden}x{num_classes}x{rounds}"])
+        found, failure = run_child([TIMING_CHILD_FLAG, f"{rows}x{hidden}x{num_classes}x{rounds}"])
         if progress is not None:
             progress.step(f"linear head V={num_classes} times")
         if failure:
