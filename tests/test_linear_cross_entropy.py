@@ -27,7 +27,7 @@ import pytest
 import tensorflow as tf
 
 import tf_metal_ops
-from tf_metal_ops import bench_linear_head, reference
+from tf_metal_ops import bench_linear_head, linear_loss, reference
 from tf_metal_ops.linear_loss import default_chunk_size
 
 ROWS, WIDTH, CLASSES = 37, 8, 32000
@@ -173,6 +173,26 @@ def test_loss_and_gradients_match_float64(reduction, option, chunk_size):
                        what=f"chunk {chunk_size}", chunk_size=chunk_size)
 
 
+@pytest.mark.parametrize("reduction", ["mean", None])
+def test_kernel_gradient_in_vocabulary_blocks(reduction, monkeypatch):
+    """The kernel's gradient made in blocks (as for a large d x V) gives the whole product's
+    values: blocks of uneven size, the last one short."""
+    blocks = linear_loss._kernel_gradient_blocks(tf.TensorSpec([WIDTH, CLASSES]))
+    assert blocks == 1  # small enough to be made whole
+    monkeypatch.setattr(linear_loss, "WHOLE_KERNEL_PRODUCT_BYTES", 0)
+    monkeypatch.setattr(linear_loss, "KERNEL_BLOCK_BYTES", 4 * WIDTH * CLASSES // 3 + 1)
+    assert linear_loss._kernel_gradient_blocks(tf.TensorSpec([WIDTH, CLASSES])) == 3
+    option = "focal + smoothing"
+    assert_within_bars(option, reduction, ours(option, reduction, 10), what="3 blocks",
+                       chunk_size=10)
+
+
+def test_kernel_gradient_blocks_of_the_bench_sizes():
+    assert linear_loss._kernel_gradient_blocks(tf.TensorSpec([512, 32000])) == 1  # 62.5 MiB
+    assert linear_loss._kernel_gradient_blocks(tf.TensorSpec([512, 128256])) == 16
+    assert linear_loss._kernel_gradient_blocks(tf.TensorSpec([None, 128256])) == 1
+
+
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 def test_tf_function_and_xla_give_the_eager_values(reduction):
     option = "ignore_class, focal"
@@ -305,11 +325,12 @@ def test_bad_inputs_name_the_argument_and_value():
     assert float(lce(tf.constant([0, -1, 2, 3]), h, w, ignore_class=-1)) > 0
 
 
-def test_default_chunk_holds_32_mib_of_logits_or_half_a_kernel():
+def test_default_chunk_holds_32_mib_of_logits_or_d_rows():
     assert default_chunk_size(32000) == 262
     assert default_chunk_size(128256) == 65
-    assert default_chunk_size(32000, width=512) == 262
-    assert default_chunk_size(128256, width=512) == 256  # d / 2 rows: half of dW's size
+    assert default_chunk_size(32000, width=512) == 512  # d rows: as many logits as dW has
+    assert default_chunk_size(128256, width=512) == 512
+    assert default_chunk_size(300, width=16) == 27962  # 32 MiB of logits is more
     assert default_chunk_size(10, rows=100) == 100
     assert default_chunk_size(10 ** 9) == 1
 
