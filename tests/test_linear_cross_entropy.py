@@ -177,9 +177,7 @@ def test_loss_and_gradients_match_float64(reduction, option, chunk_size):
 def test_kernel_gradient_in_vocabulary_blocks(reduction, monkeypatch):
     """The kernel's gradient made in blocks (as for a large d x V) gives the whole product's
     values: blocks of uneven size, the last one short."""
-    blocks = linear_loss._kernel_gradient_blocks(tf.TensorSpec([WIDTH, CLASSES]))
-    assert blocks == 1  # small enough to be made whole
-    monkeypatch.setattr(linear_loss, "WHOLE_KERNEL_PRODUCT_BYTES", 0)
+    assert linear_loss._kernel_gradient_blocks(tf.TensorSpec([WIDTH, CLASSES])) == 1
     monkeypatch.setattr(linear_loss, "KERNEL_BLOCK_BYTES", 4 * WIDTH * CLASSES // 3 + 1)
     assert linear_loss._kernel_gradient_blocks(tf.TensorSpec([WIDTH, CLASSES])) == 3
     option = "focal + smoothing"
@@ -188,7 +186,7 @@ def test_kernel_gradient_in_vocabulary_blocks(reduction, monkeypatch):
 
 
 def test_kernel_gradient_blocks_of_the_bench_sizes():
-    assert linear_loss._kernel_gradient_blocks(tf.TensorSpec([512, 32000])) == 1  # 62.5 MiB
+    assert linear_loss._kernel_gradient_blocks(tf.TensorSpec([512, 32000])) == 4  # 62.5 MiB
     assert linear_loss._kernel_gradient_blocks(tf.TensorSpec([512, 128256])) == 16
     assert linear_loss._kernel_gradient_blocks(tf.TensorSpec([None, 128256])) == 1
 
@@ -325,12 +323,11 @@ def test_bad_inputs_name_the_argument_and_value():
     assert float(lce(tf.constant([0, -1, 2, 3]), h, w, ignore_class=-1)) > 0
 
 
-def test_default_chunk_holds_32_mib_of_logits_or_d_rows():
+def test_default_chunk_holds_32_mib_of_logits_or_half_a_kernel():
     assert default_chunk_size(32000) == 262
     assert default_chunk_size(128256) == 65
-    assert default_chunk_size(32000, width=512) == 512  # d rows: as many logits as dW has
-    assert default_chunk_size(128256, width=512) == 512
-    assert default_chunk_size(300, width=16) == 27962  # 32 MiB of logits is more
+    assert default_chunk_size(32000, width=512) == 262
+    assert default_chunk_size(128256, width=512) == 256  # d / 2 rows: half of dW's size
     assert default_chunk_size(10, rows=100) == 100
     assert default_chunk_size(10 ** 9) == 1
 

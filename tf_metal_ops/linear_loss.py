@@ -25,10 +25,9 @@ whole number of chunks instead (scale 0, so they add nothing; a copy of the hidd
 the composed loss (`tf_metal_ops.composed`) replaces the native op in each chunk.
 
 The kernel's gradient is a sum over chunks of d x V products. On the CPU it is summed in place
-(our AddInto op, csrc/add_into.h), each chunk's product made whole where it is small
-(WHOLE_KERNEL_PRODUCT_BYTES), else in vocabulary blocks of about KERNEL_BLOCK_BYTES one after
-the other, so the loop holds the sum and one block; the hidden states' gradient is written
-likewise, chunk by chunk, into one [N, d] tensor. With TensorFlow's
+(our AddInto op, csrc/add_into.h), each chunk's product made in vocabulary blocks of about
+KERNEL_BLOCK_BYTES one after the other, so the loop holds the sum and one block; the hidden
+states' gradient is written likewise, chunk by chunk, into one [N, d] tensor. With TensorFlow's
 own AddV2 (a GPU, XLA) the loop holds the old sum, the product and the new sum: three d x V
 matrices.
 """
@@ -57,22 +56,17 @@ from tf_metal_ops.ops import (
 )
 
 REDUCTIONS = ("mean", "sum", None)
-# The default chunk holds at least this many bytes of logits (float32), and at least d rows
-# (default_chunk_size). Smaller chunks cost time: each adds h_c^T g_c, a d x V product, into
-# dW, and each reads W twice.
+# The default chunk holds about this many bytes of logits (float32). Smaller chunks cost time:
+# each adds h_c^T g_c, a d x V product, into dW. Larger ones cost more memory than their own
+# size: where TensorFlow's CPU allocator pools memory (the oneDNN build's, on by default on
+# recent x86 CPUs), a step's chunk-sized buffers (logits, gradient, matmul outputs) settle in
+# its pool side by side, several chunks' worth (measured: 5 to 8 at d = 512).
 DEFAULT_CHUNK_BYTES = 32 * 2**20
 HIDDEN_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
 # Summed in place, each chunk's d kernel product is made in vocabulary blocks of about this
 # size (see _add_chunk_gradients): the loop then holds the sum, one chunk of logits and one
-# block (and the block's columns of the chunk's gradient), where a whole product would be a
-# second d x V matrix.
+# block, where a whole product would be a second d x V matrix.
 KERNEL_BLOCK_BYTES = 16 * 2**20
-# A product of up to this many bytes is made whole: it needs no copies of the gradient's
-# columns, and, measured at d = 512, V = 32000 with 512-row chunks, a step's peak memory was
-# lower with it (238 MiB) than in four blocks (270 MiB): buffers of 16 MiB stay in the C
-# allocator's per-thread pools (glibc's, which returns only allocations above 32 MiB to the
-# system when they are freed), several of them side by side.
-WHOLE_KERNEL_PRODUCT_BYTES = 64 * 2**20
 
 
 def check_reduction(reduction: Any) -> Optional[str]:
@@ -95,14 +89,12 @@ def check_chunk_size(chunk_size: Any) -> Optional[int]:
 
 def default_chunk_size(num_classes: int, rows: Optional[int] = None,
                        width: Optional[int] = None) -> int:
-    """Rows per chunk: about DEFAULT_CHUNK_BYTES of float32 logits, or `width` (d) rows where
-    that is more; at most `rows` (when known and non-zero), at least 1.
-
-    At d rows a chunk holds as many logits as the kernel's gradient, d x V, has entries, which
-    the step holds anyway. Fewer rows cost time: each chunk reads W twice and sums a d x V
-    product into the kernel's gradient, and oneDNN's product of a chunk with W ran 20-30 %
-    slower per row at d / 2 rows than at d rows or more (d = 512, V = 32000)."""
-    chunk = max(1, DEFAULT_CHUNK_BYTES // (4 * max(1, num_classes)), width or 0)
+    """Rows per chunk: about DEFAULT_CHUNK_BYTES of float32 logits, or `width / 2` rows where
+    that is more (a chunk then holds half as much as the kernel's gradient, d x V, of which a
+    step holds several anyway, and each chunk's pass over W, which costs what the chunk's own
+    work does at `width` rows, is paid less often); at most `rows` (when known and non-zero),
+    at least 1."""
+    chunk = max(1, DEFAULT_CHUNK_BYTES // (4 * max(1, num_classes)), (width or 0) // 2)
     if rows:
         chunk = min(chunk, rows)
     return int(chunk)
@@ -304,7 +296,8 @@ def linear_cross_entropy(
         reduction: `"mean"` (over the rows not labelled `ignore_class`; 0 when there are
             none), `"sum"`, or None (per-row losses of shape `hidden.shape[:-1]`).
         chunk_size: rows of logits made at once; default: about 32 MiB of float32 logits,
-            or d rows where that is more (`default_chunk_size`), at most the number of rows.
+            or d / 2 rows where that is more (`default_chunk_size`), at most the number of
+            rows.
         name: optional name scope.
 
     Returns:
@@ -485,12 +478,11 @@ def _gradient_loop(problem: "_Problem", chunks, body, loop_vars: tuple, h: tf.Te
 
 
 def _kernel_gradient_blocks(w: tf.Tensor) -> int:
-    """How many vocabulary blocks a chunk's d kernel product is made in when summed in place:
-    1 (the whole product) up to WHOLE_KERNEL_PRODUCT_BYTES, else blocks of about
-    KERNEL_BLOCK_BYTES, so that beside the sum the loop holds one block rather than a second
-    d x V matrix. 1 where d or V is not known when tracing."""
+    """How many vocabulary blocks chunk's d kernel product is made in when summed in place:
+    blocks of about KERNEL_BLOCK_BYTES, so that beside the sum the loop holds one block rather
+    than a second d x V matrix. 1 where d or V is not known when tracing."""
     d, v = w.shape
-    if d is None or v is None or 4 * d * v <= WHOLE_KERNEL_PRODUCT_BYTES:
+    if d is None or v is None:
         return 1
     return int(max(1, min(v, -(-4 * d * v // KERNEL_BLOCK_BYTES))))
 
@@ -513,7 +505,7 @@ def _add_chunk_gradients(problem: "_Problem", i, h3: "_Chunks", g: tf.Tensor, w:
             # One block at a time: without the dependency the executor would make every
             # block's product at once, as they are all ready.
             with tf.control_dependencies([dw] if j else []):
-                part = tf.matmul(g if blocks == 1 else g[:, start:stop], hc, transpose_a=True)
+                part = tf.matmul(g[:, start:stop], hc, transpose_a=True)
             dw = problem.add_into(dw, tf.cast(part, dw.dtype), first if j == 0 else False,
                                   tf.reverse(tf.shape(w), [0]), row_offset=start)
     else:
