@@ -175,20 +175,25 @@ def test_loss_and_gradients_match_float64(reduction, option, chunk_size):
 
 @pytest.mark.parametrize("reduction", ["mean", None])
 def test_kernel_gradient_in_vocabulary_blocks(reduction, monkeypatch):
-    """The kernel's gradient made in blocks (as for a large d x V) gives the whole product's
-    values: blocks of uneven size, the last one short."""
-    assert linear_loss._kernel_gradient_blocks(tf.TensorSpec([WIDTH, CLASSES])) == 1
+    """The kernel's gradient made in blocks (as for a large d x V with chunks of fewer than d
+    rows, kept transposed) gives the whole product's values: blocks of uneven size, the last
+    one short. (The other tests make it whole, in the kernel's layout.)"""
+    shape = tf.TensorShape([WIDTH, CLASSES])
+    assert linear_loss._kernel_gradient_blocks(shape, 5) == 1
     monkeypatch.setattr(linear_loss, "KERNEL_BLOCK_BYTES", 4 * WIDTH * CLASSES // 3 + 1)
-    assert linear_loss._kernel_gradient_blocks(tf.TensorSpec([WIDTH, CLASSES])) == 3
+    assert linear_loss._kernel_gradient_blocks(shape, 5) == 3
+    assert linear_loss._kernel_gradient_blocks(shape, WIDTH) == 1  # d rows: whole
     option = "focal + smoothing"
-    assert_within_bars(option, reduction, ours(option, reduction, 10), what="3 blocks",
-                       chunk_size=10)
+    assert_within_bars(option, reduction, ours(option, reduction, 5), what="3 blocks",
+                       chunk_size=5)
 
 
 def test_kernel_gradient_blocks_of_the_bench_sizes():
-    assert linear_loss._kernel_gradient_blocks(tf.TensorSpec([512, 32000])) == 4  # 62.5 MiB
-    assert linear_loss._kernel_gradient_blocks(tf.TensorSpec([512, 128256])) == 16
-    assert linear_loss._kernel_gradient_blocks(tf.TensorSpec([None, 128256])) == 1
+    blocks = linear_loss._kernel_gradient_blocks
+    assert blocks(tf.TensorShape([512, 32000]), 262) == 4  # 62.5 MiB
+    assert blocks(tf.TensorShape([512, 128256]), 256) == 16
+    assert blocks(tf.TensorShape([512, 32000]), 512) == 1  # d rows: whole
+    assert blocks(tf.TensorShape([None, 128256]), 256) == 1
 
 
 @pytest.mark.parametrize("reduction", REDUCTIONS)
