@@ -133,8 +133,8 @@ def test_memory_floor_passes_do_the_traffic_they_claim():
 
 def test_bench_linear_head_section_runs_every_case():
     """`--linear-head-only --quick`: each case's memory child ran and reported memory and (for
-    ours and Dense + CustomLoss) the error against float64, the timing child timed every case
-    in every round, and the targets are worked out."""
+    both fused cases and Dense + CustomLoss) the error against float64, the timing child timed
+    every case in every round, and the targets are worked out."""
     from tf_metal_ops import bench_linear_head as lh
 
     completed = subprocess.run(
@@ -156,11 +156,12 @@ def test_bench_linear_head_section_runs_every_case():
         for case, times in size["times_ms"].items():
             assert len(times) == section["rounds"] == lh.QUICK_ROUNDS
             assert size["median_ms"][case] == pytest.approx(statistics.median(times))
-        assert set(size["errors"]) == {"fused", "dense_custom"}
+        assert set(size["errors"]) == {"fused", "fused_d_rows", "dense_custom"}
         for errors in size["errors"].values():
             assert set(errors) == {"loss", "d_hidden", "d_kernel", "d_bias"}
             assert all(0 <= error < 1e-6 for error in errors.values()), errors
-        assert size["targets"]["time fused / dense_custom"] == pytest.approx(
-            size["median_ms"]["fused"] / size["median_ms"]["dense_custom"])
+        for fused in ("fused", "fused_d_rows"):
+            assert size["targets"][f"time {fused} / dense_custom"] == pytest.approx(
+                size["median_ms"][fused] / size["median_ms"]["dense_custom"])
     table = bench.format_table(report)
     assert "linear head" in table and all(case in table for case in cases)
