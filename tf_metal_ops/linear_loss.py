@@ -303,7 +303,9 @@ def linear_cross_entropy(
             none), `"sum"`, or None (per-row losses of shape `hidden.shape[:-1]`).
         chunk_size: rows of logits made at once; default: about 32 MiB of float32 logits,
             or d / 2 rows where that is more (`default_chunk_size`), at most the number of
-            rows.
+            rows. With at least d rows each chunk's d kernel product is made whole, which is
+            faster and holds that d x V product, not a block of it, beside the sum (the
+            README gives both figures).
         name: optional name scope.
 
     Returns:
