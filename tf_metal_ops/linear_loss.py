@@ -493,9 +493,9 @@ def _kernel_gradient_blocks(kernel_shape: tf.TensorShape, chunk_size: int) -> in
     1, the whole product in W's layout, where the chunk has at least d rows: the product is then
     no larger than the chunk's logits, of which the step holds two (logits and gradient) anyway,
     and it needs no copies of the gradient's columns nor a transpose of the sum at the end (at
-    d = 512, V = 32000, 512-row chunks so made ran as fast as Dense(V) + CustomLoss, 0.999,
-    where 262-row chunks in 16 MiB blocks took 1.2 times as long; the peak memory, 239 to
-    284 MiB against 169, varied from process to process). Else blocks of about
+    d = 512, V = 32000, 512-row chunks so made took 1.00 and 1.05 times the time of
+    Dense(V) + CustomLoss in two runs of the bench, where 262-row chunks in 16 MiB blocks took
+    1.2 times; their peak memory, 239 to 284 MiB against 169, varied from process to process). Else blocks of about
     KERNEL_BLOCK_BYTES, so that beside the sum the loop holds one block rather than a second
     d x V matrix. 1 also where d or V is not known when tracing."""
     d, v = kernel_shape
