@@ -13,10 +13,10 @@ Per case, in its own child process, the peak extra memory of a warm-up and the t
 (VmHWM after clear_refs minus VmRSS after tracing, before any step ran: unlike `lm_head_memory`,
 which starts after a warm-up step, this counts what allocators keep between steps). And, on the
 first ERROR_ROWS rows, the error of the fused cases' and dense_custom's loss and of their three
-gradients against the same step in float64 (`custom_loss` on float64 logits, whose kernel is exact to
-~1e-15), in the vocabulary-scale measure: max over rows of max |got - exact| / (1 + max |exact|
-of the row); fused runs there with chunks of ERROR_CHUNK rows, so the error crosses chunks
-(fused_d_rows with d rows, at least).
+gradients against the same step in float64 (`custom_loss` on float64 logits, whose kernel is
+exact to ~1e-15), in the vocabulary-scale measure: max over rows of max |got - exact| /
+(1 + max |exact| of the row); fused runs there with chunks of ERROR_CHUNK rows, so the error
+crosses chunks (fused_d_rows with d rows, at least).
 
 The times come from one more child per vocabulary size that runs the four cases' steps in
 turn, round after round (the order rotated each round), and takes each case's median: this

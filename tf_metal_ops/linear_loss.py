@@ -153,7 +153,7 @@ class _Problem:
 
     def __init__(self, dense: bool, class_weights: Optional[TensorLike], weights_t: tf.Tensor,
                  attrs: dict, native: bool, can_raise: bool, compute_dtype: tf.DType,
-                 sums_in_place: bool) -> None:
+                 sums_in_place: bool, kernel_blocks: int) -> None:
         self.dense = dense
         self.class_weights = class_weights
         self.weights_t = weights_t
@@ -162,9 +162,7 @@ class _Problem:
         self.can_raise = can_raise
         self.compute_dtype = compute_dtype
         self.sums_in_place = sums_in_place
-        # How many vocabulary blocks each chunk's d kernel product is made in (set once the
-        # chunk is known; see _kernel_gradient_blocks).
-        self.kernel_blocks = 1
+        self.kernel_blocks = kernel_blocks  # see _kernel_gradient_blocks
 
     def add_into(self, total: tf.Tensor, addend: tf.Tensor, first, shape,
                  row_offset=0) -> tf.Tensor:
@@ -355,10 +353,6 @@ def linear_cross_entropy(
         attrs = dict(gamma=gamma, label_smoothing=label_smoothing,
                      has_ignore_class=ignore_class is not None,
                      ignore_class=0 if ignore_class is None else ignore_class)
-        problem = _Problem(dense, class_weights, weights_t, attrs, native, can_raise,
-                           compute_dtype,
-                           native and compute_dtype in (tf.float32, tf.float64)
-                           and _runs_on_cpu(h))
 
         rows_shape = tf.shape(h)[:-1]
         d = tf.shape(h)[-1]
@@ -374,7 +368,11 @@ def linear_cross_entropy(
             chunk_size = default_chunk_size(num_classes or 1, static_rows, h.shape[-1])
         elif static_rows:
             chunk_size = min(chunk_size, static_rows)
-        problem.kernel_blocks = _kernel_gradient_blocks(w.shape, chunk_size)
+        problem = _Problem(dense, class_weights, weights_t, attrs, native, can_raise,
+                           compute_dtype,
+                           native and compute_dtype in (tf.float32, tf.float64)
+                           and _runs_on_cpu(h),
+                           _kernel_gradient_blocks(w.shape, chunk_size))
         if static_rows is None:
             # A batch of unknown size (Keras traces fit with one) is not padded to a chunk
             # much larger than itself: the chunk is no more than the rows, at run time.
@@ -495,9 +493,9 @@ def _kernel_gradient_blocks(kernel_shape: tf.TensorShape, chunk_size: int) -> in
     and it needs no copies of the gradient's columns nor a transpose of the sum at the end (at
     d = 512, V = 32000, 512-row chunks so made took 1.00 and 1.05 times the time of
     Dense(V) + CustomLoss in two runs of the bench, where 262-row chunks in 16 MiB blocks took
-    1.2 times; their peak memory, 239 to 284 MiB against 169, varied from process to process). Else blocks of about
-    KERNEL_BLOCK_BYTES, so that beside the sum the loop holds one block rather than a second
-    d x V matrix. 1 also where d or V is not known when tracing."""
+    1.2 times; their peak memory, 239 to 284 MiB against 169, varied from process to process).
+    Else blocks of about KERNEL_BLOCK_BYTES, so that beside the sum the loop holds one block
+    rather than a second d x V matrix. 1 also where d or V is not known when tracing."""
     d, v = kernel_shape
     if d is None or v is None or chunk_size >= d:
         return 1
@@ -515,20 +513,20 @@ def _add_chunk_gradients(problem: "_Problem", i, h3: "_Chunks", g: tf.Tensor, w:
         first = tf.equal(i, 0)
         dh = problem.add_into(dh, dh_rows, first, tf.shape(h3.tensor),
                               row_offset=i * h3.chunk_size)
-        v = tf.shape(w)[1]
         blocks = problem.kernel_blocks
         if blocks == 1:
             part = tf.matmul(hc, g, transpose_a=True)
             dw = problem.add_into(dw, tf.cast(part, dw.dtype), first, tf.shape(w))
-            blocks = 0  # nothing more to make
-        for j in range(blocks):  # rows [start, stop) of d kernel transposed
-            start, stop = v * j // blocks, v * (j + 1) // blocks
-            # One block at a time: without the dependency the executor would make every
-            # block's product at once, as they are all ready.
-            with tf.control_dependencies([dw] if j else []):
-                part = tf.matmul(g[:, start:stop], hc, transpose_a=True)
-            dw = problem.add_into(dw, tf.cast(part, dw.dtype), first if j == 0 else False,
-                                  tf.reverse(tf.shape(w), [0]), row_offset=start)
+        else:
+            v = tf.shape(w)[1]
+            for j in range(blocks):  # rows [start, stop) of d kernel transposed
+                start, stop = v * j // blocks, v * (j + 1) // blocks
+                # One block at a time: without the dependency the executor would make every
+                # block's product at once, as they are all ready.
+                with tf.control_dependencies([dw] if j else []):
+                    part = tf.matmul(g[:, start:stop], hc, transpose_a=True)
+                dw = problem.add_into(dw, tf.cast(part, dw.dtype), first if j == 0 else False,
+                                      tf.reverse(tf.shape(w), [0]), row_offset=start)
     else:
         dh = dh.write(i, dh_rows)
         dw += tf.cast(tf.matmul(hc, g, transpose_a=True), dw.dtype)
