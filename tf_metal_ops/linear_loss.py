@@ -301,9 +301,9 @@ def linear_cross_entropy(
             none), `"sum"`, or None (per-row losses of shape `hidden.shape[:-1]`).
         chunk_size: rows of logits made at once; default: about 32 MiB of float32 logits,
             or d / 2 rows where that is more (`default_chunk_size`), at most the number of
-            rows. With at least d rows each chunk's d kernel product is made whole, which is
-            faster and holds that d x V product, not a block of it, beside the sum (the
-            README gives both figures).
+            rows. With at least d rows each chunk's d kernel product is made whole, which was
+            faster with oneDNN on (not at V = 32000 with it off) and holds that d x V product,
+            not a block of it, beside the sum (the README gives both figures).
         name: optional name scope.
 
     Returns:
@@ -491,7 +491,7 @@ def _kernel_gradient_blocks(kernel_shape: tf.TensorShape, chunk_size: int) -> in
     1, the whole product in W's layout, where the chunk has at least d rows: the product is then
     no larger than the chunk's logits, of which the step holds two (logits and gradient) anyway,
     and it needs no copies of the gradient's columns nor a transpose of the sum at the end (at
-    d = 512, V = 32000, 512-row chunks so made took 1.00 and 1.05 times the time of
+    d = 512, V = 32000, oneDNN on, 512-row chunks so made took 1.00 and 1.05 times the time of
     Dense(V) + CustomLoss in two runs of the bench, where 262-row chunks in 16 MiB blocks took
     1.2 times; their peak memory, 239 to 284 MiB against 169, varied from process to process).
     Else blocks of about KERNEL_BLOCK_BYTES, so that beside the sum the loop holds one block
