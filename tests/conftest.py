@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 import types
 from pathlib import Path
 
@@ -10,6 +11,16 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 REFERENCE_PATH = REPO_ROOT / "tf_metal_ops" / "reference.py"
+
+
+def pytest_report_header(config) -> str:
+    # Which clang compiles the Metal sources for the address-space, byte-count and
+    # Objective-C++ checks: a system clang, or the ziglang wheel's on a machine without one.
+    sys.path.insert(0, str(REPO_ROOT / "tests" / "msl_host"))
+    import msl_build
+
+    clang = msl_build.find_clang()
+    return f"clang for the Metal-source checks: {clang.describe() if clang else 'none found'}"
 
 
 def _load_reference_by_path() -> types.ModuleType:

@@ -44,7 +44,7 @@ def build_check(source: Path, build: str, directory: Path,
              *extra_flags]
     if build == "avx2":
         flags.append("-DCHECK_AVX2")
-    compiled = subprocess.run([msl_build.cxx(), *flags, "-o", str(binary), str(source)],
+    compiled = subprocess.run([*msl_build.cxx(), *flags, "-o", str(binary), str(source)],
                               capture_output=True, text=True, check=False)
     assert compiled.returncode == 0, compiled.stderr[-3000:]
     return binary

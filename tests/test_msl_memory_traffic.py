@@ -70,8 +70,8 @@ PATHS = ["old", "per-example", "reduced"]
 @pytest.fixture(scope="module")
 def traffic_emu(msl_cache_dir) -> mb.Emulator:
     clang = mb.find_clang()
-    if clang is None:
-        pytest.skip("the counting build needs clang++ (-fsanitize-coverage=trace-loads)")
+    assert clang is not None, mb.missing_clang_message(
+        "the counting build (-fsanitize-coverage=trace-loads)")
     return mb.Emulator(mb.build_traffic_library(msl_cache_dir, clang))
 
 

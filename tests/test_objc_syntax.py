@@ -1,7 +1,7 @@
 """Objective-C++ syntax check of the Metal host code (csrc/metal/*.mm), on Linux.
 
-There is no Apple SDK here, so every ``.mm`` file is compiled by clang in ``-fsyntax-only`` mode
-as Objective-C++ with ARC and blocks, against the real TensorFlow C headers (so every TF C API call
+There is no Apple SDK here, so every ``.mm`` file is compiled by clang (to an object that is thrown
+away: only the diagnostics matter) as Objective-C++ with ARC and blocks, against the real TensorFlow C headers (so every TF C API call
 is checked against the installed TensorFlow) and against ``tests/apple_decls/``, a self-contained
 set of declarations of exactly the Apple APIs the code uses, each written from Apple's
 documentation. A misspelled selector, a wrong argument type, a ``void*`` turned into an ``id``
@@ -10,20 +10,24 @@ without ``__bridge``, or a TF C API misuse fails the build.
 The negative tests prove the check can fail: each compiles a copy of a real ``.mm`` file with one
 deliberate mistake and asserts that clang rejects it, for the expected reason.
 
-Needs clang (CI installs Debian's clang-16). Without clang the tests fail rather than skip: this
+Needs clang: a system clang, else the ziglang wheel's (the ``test`` extra), as
+``tests/msl_host/msl_build.py`` finds it. Without clang the tests fail rather than skip: this
 check is the only thing standing between a typo in the GPU code and a Mac user's crash.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import os
 import re
-import shutil
 import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "msl_host"))
+import msl_build as mb  # noqa: E402  (the tests' one choice of clang)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 METAL_DIR = REPO_ROOT / "csrc" / "metal"
@@ -35,7 +39,6 @@ EXPECTED_MM_FILES = {"custom_loss_metal.mm", "kernel_library.mm", "metal_stream.
 OBJC_FLAGS = [
     "-x", "objective-c++",
     "-std=c++17",
-    "-fsyntax-only",
     "-fblocks",
     "-fobjc-arc",
     # Any Objective-C runtime with ARC support will do for a syntax check; GNUstep's is the one
@@ -45,22 +48,6 @@ OBJC_FLAGS = [
     "-Wextra",
     "-Werror",
 ]
-
-
-def find_clang() -> str | None:
-    """The newest clang++ on this machine, or the one named by $TF_METAL_OPS_CLANG."""
-    explicit = os.environ.get("TF_METAL_OPS_CLANG")
-    if explicit:
-        return shutil.which(explicit) or (explicit if Path(explicit).exists() else None)
-    candidates: list[tuple[int, str]] = []
-    for version in range(30, 13, -1):
-        for name in (f"clang++-{version}", f"/usr/lib/llvm-{version}/bin/clang++"):
-            path = shutil.which(name) or (name if Path(name).exists() else None)
-            if path:
-                candidates.append((version, path))
-    if candidates:
-        return candidates[0][1]
-    return shutil.which("clang++")
 
 
 def tensorflow_include_dir() -> Path | None:
@@ -74,15 +61,12 @@ def tensorflow_include_dir() -> Path | None:
 
 @pytest.fixture(scope="module")
 def objc_compiler() -> list[str]:
-    clang = find_clang()
-    assert clang is not None, (
-        "the Objective-C++ syntax check needs clang++ (Debian: apt-get install clang-16; or set "
-        "TF_METAL_OPS_CLANG to a clang++ binary)"
-    )
+    clang = mb.find_clang()
+    assert clang is not None, mb.missing_clang_message("the Objective-C++ syntax check")
     tf_include = tensorflow_include_dir()
     assert tf_include is not None, "TensorFlow with its C headers (tensorflow/include) is needed"
     return [
-        clang,
+        *clang.command,
         *OBJC_FLAGS,
         # apple_decls first, so <Foundation/Foundation.h>, <Metal/Metal.h>, <dispatch/dispatch.h>
         # and <dlfcn.h> resolve to the documented declarations, not to anything on the system.
@@ -92,10 +76,10 @@ def objc_compiler() -> list[str]:
     ]
 
 
-def compile_objc(compiler: list[str], source: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [*compiler, str(source)], capture_output=True, text=True, timeout=300, check=False
-    )
+def compile_objc(compiler: list[str], source: Path,
+                 extra_flags: tuple = ()) -> subprocess.CompletedProcess:
+    with tempfile.TemporaryDirectory() as out_dir:
+        return mb.compile_to_object(compiler, extra_flags, source, Path(out_dir))
 
 
 def mm_files() -> list[Path]:
@@ -203,10 +187,7 @@ def test_objc_apple_decls_are_self_contained(objc_compiler, tmp_path):
         "#include <dlfcn.h>\n"
         "static_assert(sizeof(MTLSize) == 3 * sizeof(NSUInteger), \"MTLSize layout\");\n"
     )
-    result = subprocess.run(
-        [*objc_compiler, "-H", str(probe)], capture_output=True, text=True, timeout=120,
-        check=False,
-    )
+    result = compile_objc(objc_compiler, probe, ("-H",))
     assert result.returncode == 0, result.stderr
     # -H lists every header opened, one per line, prefixed with dots.
     opened = [line.lstrip(". ").strip() for line in result.stderr.splitlines()

@@ -6,7 +6,7 @@
 * :func:`build_tsan_program`: the same sources as a stand-alone program built with
   ``-fsanitize=thread``.
 Both also hold ``sync_examples.metal``: kernels that break the synchronization rules on purpose.
-* :func:`address_space_compile`: a clang ``-fsyntax-only`` compile with ``device`` /
+* :func:`address_space_compile`: a clang compile (diagnostics only) with ``device`` /
   ``constant`` / ``threadgroup`` as distinct address spaces.
 
 Builds are cached under a directory keyed by a hash of every input file, the compiler's version
@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import ctypes
 import fcntl
+import functools
 import hashlib
+import importlib.util
 import os
 import shutil
 import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,23 +79,73 @@ MAX_BINDINGS = 12  # TFMO_EMU_MAX_BINDINGS
 # Toolchains and the cache
 # --------------------------------------------------------------------------------------------
 
-def cxx() -> str:
+def cxx() -> List[str]:
     """The C++ compiler for run builds: $CXX, else g++ (>= 12 has _Float16 on x86-64)."""
-    return os.environ.get("CXX") or shutil.which("g++") or "c++"
+    return [os.environ.get("CXX") or shutil.which("g++") or "c++"]
 
 
-def find_clang() -> Optional[str]:
-    """The newest clang++ on PATH, or None."""
-    for name in ["clang++"] + [f"clang++-{v}" for v in range(21, 13, -1)]:
-        path = shutil.which(name)
-        if path:
-            return path
-    return None
+@dataclass(frozen=True)
+class Clang:
+    """A clang++ for the checks that need clang itself (address spaces, coverage hooks,
+    Objective-C++): a system binary, or the `ziglang` wheel's clang (`python -m ziglang c++`,
+    installed by the `test` extra), so that the checks run on a machine with Python alone."""
+
+    command: tuple
+    origin: str   # where it was found, for the test report
+    version: str  # the first line of --version
+
+    def describe(self) -> str:
+        return f"{self.version} ({self.origin}: {' '.join(self.command)})"
 
 
-def _compiler_id(compiler: str) -> str:
-    out = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False)
-    return out.stdout.splitlines()[0] if out.stdout else compiler
+def _system_clang() -> Optional[tuple]:
+    """$TF_METAL_OPS_CLANG, else the newest versioned clang++ (Debian's clang-N), else
+    clang++ on PATH (Apple's on macOS)."""
+    explicit = os.environ.get("TF_METAL_OPS_CLANG")
+    if explicit:
+        found = shutil.which(explicit) or (explicit if Path(explicit).exists() else None)
+        return (found, "$TF_METAL_OPS_CLANG") if found else None
+    for version in range(30, 13, -1):
+        for name in (f"clang++-{version}", f"/usr/lib/llvm-{version}/bin/clang++"):
+            found = shutil.which(name)
+            if found:
+                return found, "system"
+    found = shutil.which("clang++")
+    return (found, "system") if found else None
+
+
+@functools.lru_cache(maxsize=None)
+def find_clang() -> Optional[Clang]:
+    """The clang++ the checks use: a system one where there is one, the ziglang wheel's
+    otherwise; None when neither is installed."""
+    system = _system_clang()
+    if system is not None:
+        command, origin = (system[0],), system[1]
+    elif importlib.util.find_spec("ziglang") is not None:
+        command, origin = (sys.executable, "-m", "ziglang", "c++"), "ziglang wheel"
+    else:
+        return None
+    return Clang(command, origin, _compiler_id(command))
+
+
+def missing_clang_message(check: str) -> str:
+    return (f"{check} needs clang++: install the test extra (pip install -e \".[test]\", which "
+            "brings the ziglang wheel's clang), install a system clang, or set "
+            "TF_METAL_OPS_CLANG to a clang++ binary")
+
+
+def compile_to_object(command: Sequence[str], flags: Sequence[str], source: Path,
+                      out_dir: Path, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    """Compiles `source` to an object in `out_dir`: a check that needs only the diagnostics.
+    Not -fsyntax-only, which zig's driver cannot run (it renames an output it never wrote)."""
+    obj = Path(out_dir) / (Path(source).name + ".o")
+    return subprocess.run([*command, *flags, "-c", "-o", str(obj), str(source)],
+                          capture_output=True, text=True, check=False, cwd=cwd, timeout=600)
+
+
+def _compiler_id(command: Sequence[str]) -> str:
+    out = subprocess.run([*command, "--version"], capture_output=True, text=True, check=False)
+    return out.stdout.splitlines()[0] if out.stdout else " ".join(command)
 
 
 def _digest(paths: Iterable[Path], *extra: str) -> str:
@@ -128,10 +181,10 @@ def _cached_build(cache_dir: Path, key: str, artifact: str, build) -> Path:
     return target
 
 
-def _compile_objects(compiler: str, jobs: List[List[str]], out_dir: Path) -> None:
+def _compile_objects(compiler: Sequence[str], jobs: List[List[str]], out_dir: Path) -> None:
     # Two at a time: the machine (and CI) has two cores.
     with ThreadPoolExecutor(max_workers=2) as pool:
-        for f in [pool.submit(_run, [compiler] + job, out_dir) for job in jobs]:
+        for f in [pool.submit(_run, [*compiler, *job], out_dir) for job in jobs]:
             f.result()
 
 
@@ -152,13 +205,14 @@ def _object_jobs(flags: List[str], out_dir: Path, with_main: bool) -> List[List[
     return jobs
 
 
-def _link_emulator_library(compiler: str, jobs: list, out_dir: Path, target: Path) -> None:
+def _link_emulator_library(compiler: Sequence[str], jobs: list, out_dir: Path,
+                           target: Path) -> None:
     """Compiles `jobs` (_object_jobs's list) and links the emulator's shared library."""
     _compile_objects(compiler, jobs, out_dir)
     objs = [str(out_dir / n) for n in ("kernels.o", "examples.o", "emulator.o", "traffic.o",
                                        "driver.o", "plan.o")]
     tmp = out_dir / (target.name + ".tmp")
-    _run([compiler, "-shared", "-o", str(tmp)] + objs + ["-lpthread"], out_dir)
+    _run([*compiler, "-shared", "-o", str(tmp)] + objs + ["-lpthread"], out_dir)
     tmp.rename(target)
 
 
@@ -166,7 +220,7 @@ def build_emulator_library(cache_dir: Path) -> Path:
     """The shared library with every kernel, the emulator and the ctypes driver."""
     compiler = cxx()
     flags = COMMON_FLAGS + ["-O2", "-fPIC", "-g0"]
-    key = "emu-" + _digest(KERNEL_INPUTS, compiler, _compiler_id(compiler), *flags)
+    key = "emu-" + _digest(KERNEL_INPUTS, *compiler, _compiler_id(compiler), *flags)
 
     def build(out_dir: Path, target: Path) -> None:
         _link_emulator_library(compiler, _object_jobs(flags, out_dir, False), out_dir, target)
@@ -181,17 +235,17 @@ TRAFFIC_KERNEL_FLAGS = ["-O1", "-fno-vectorize", "-fno-slp-vectorize",
                         "-fsanitize-coverage=func,trace-loads,trace-stores"]
 
 
-def build_traffic_library(cache_dir: Path, clang: str) -> Path:
+def build_traffic_library(cache_dir: Path, clang: Clang) -> Path:
     """The emulator library with the kernels compiled by clang with access hooks."""
     flags = COMMON_FLAGS + ["-O2", "-fPIC", "-g0"]
     kernel_flags = COMMON_FLAGS + ["-fPIC", "-g0"] + TRAFFIC_KERNEL_FLAGS
-    key = "traffic-" + _digest(KERNEL_INPUTS, clang, _compiler_id(clang), *flags, *kernel_flags)
+    key = "traffic-" + _digest(KERNEL_INPUTS, *clang.command, clang.version, *flags, *kernel_flags)
 
     def build(out_dir: Path, target: Path) -> None:
         jobs = _object_jobs(flags, out_dir, False)
         jobs[0] = (kernel_flags + ["-Wno-attributes", "-Wno-unknown-attributes"] + METAL_AS_CXX
                    + [str(KERNEL_SOURCE), "-x", "none", "-c", "-o", str(out_dir / "kernels.o")])
-        _link_emulator_library(clang, jobs, out_dir, target)
+        _link_emulator_library(clang.command, jobs, out_dir, target)
 
     return _cached_build(cache_dir, key, "libtfmo_msl_traffic.so", build)
 
@@ -200,26 +254,25 @@ def build_tsan_program(cache_dir: Path) -> Path:
     """The stand-alone driver under -fsanitize=thread (g++'s libtsan, or $CXX)."""
     compiler = cxx()
     flags = COMMON_FLAGS + ["-O1", "-g", "-fsanitize=thread", "-fno-omit-frame-pointer"]
-    key = "tsan-" + _digest(KERNEL_INPUTS, compiler, _compiler_id(compiler), *flags)
+    key = "tsan-" + _digest(KERNEL_INPUTS, *compiler, _compiler_id(compiler), *flags)
 
     def build(out_dir: Path, target: Path) -> None:
         _compile_objects(compiler, _object_jobs(flags, out_dir, True), out_dir)
         objs = [str(out_dir / n) for n in ("kernels.o", "examples.o", "emulator.o", "traffic.o",
                                            "driver.o", "plan.o", "main.o")]
         tmp = out_dir / (target.name + ".tmp")
-        _run([compiler, "-fsanitize=thread", "-o", str(tmp)] + objs + ["-lpthread"], out_dir)
+        _run([*compiler, "-fsanitize=thread", "-o", str(tmp)] + objs + ["-lpthread"], out_dir)
         tmp.rename(target)
 
     return _cached_build(cache_dir, key, "custom_loss_driver_tsan", build)
 
 
-def address_space_compile(source: Path, clang: str,
+def address_space_compile(source: Path, clang: Clang, out_dir: Path,
                           extra_flags: Sequence[str] = ()) -> subprocess.CompletedProcess:
-    """clang -fsyntax-only of a .metal file with distinct address spaces (not cached: ~2 s)."""
-    cmd = ([clang] + COMMON_FLAGS + ["-fsyntax-only", "-Wno-unknown-attributes",
-                                     "-DTFMO_MSL_ADDRESS_SPACES"] + list(extra_flags)
-           + METAL_AS_CXX + [str(source)])
-    return subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=REPO)
+    """clang of a .metal file with distinct address spaces (not cached: ~2 s)."""
+    flags = (COMMON_FLAGS + ["-Wno-unknown-attributes", "-DTFMO_MSL_ADDRESS_SPACES"]
+             + list(extra_flags) + METAL_AS_CXX)
+    return compile_to_object(clang.command, flags, source, out_dir)
 
 
 @pytest.fixture(scope="session")
