@@ -271,9 +271,42 @@ def test_check_failure_exits_1_and_names_the_worst_element(monkeypatch, capsys):
 
 @pytest.fixture(scope="module")
 def default_demo():
-    result = run_cli("demo")
+    # As a newcomer runs it: TF_CPP_MIN_LOG_LEVEL unset (CI scripts set it for other runs).
+    result = run_cli("demo", env={k: v for k, v in os.environ.items()
+                                  if k != "TF_CPP_MIN_LOG_LEVEL"})
     assert_no_traceback(result)
     return result
+
+
+def test_demo_prints_no_tensorflow_error_lines(default_demo):
+    # Keras's tf.data graph on recent TensorFlow logs "NodeDef mentions attribute
+    # use_unbounded_threadpool" at error level ("E0000 ..."); the tool keeps TensorFlow's C++
+    # log to fatal lines unless the user chose a level.
+    errors = [line for line in default_demo.stderr.splitlines() if re.match(r"E\d{4} ", line)]
+    assert not errors, errors
+
+
+@pytest.mark.parametrize("argv, orig_argv, expected", [
+    (["-m", "demo"], ["python", "-m", "tf_metal_ops", "demo"], True),
+    (["-m"], ["python", "-m", "tf_metal_ops.cli"], True),
+    (["/venv/bin/tf-metal-ops", "info"], ["python", "/venv/bin/tf-metal-ops", "info"], True),
+    (["-m"], ["python", "-m", "pytest"], False),
+    (["train.py"], ["python", "train.py"], False),
+    ([""], ["python", "-c", "import tf_metal_ops"], False),
+])
+def test_command_line_detection(monkeypatch, argv, orig_argv, expected):
+    from tf_metal_ops import _command_line
+
+    monkeypatch.setattr(sys, "argv", argv)
+    monkeypatch.setattr(sys, "orig_argv", orig_argv, raising=False)
+    assert _command_line.invoked_as_command() is expected
+    monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL", raising=False)
+    _command_line.quiet_tensorflow_log_for_command()
+    assert os.environ.get("TF_CPP_MIN_LOG_LEVEL") == ("3" if expected else None)
+    # A level the user chose stays.
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "1")
+    _command_line.quiet_tensorflow_log_for_command()
+    assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == "1"
 
 
 def test_demo_defaults_reach_95_percent(default_demo):

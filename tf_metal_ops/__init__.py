@@ -15,7 +15,9 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from tf_metal_ops import _native
+from tf_metal_ops import _command_line, _native
+
+_command_line.quiet_tensorflow_log_for_command()  # before anything loads TensorFlow
 
 __version__ = "0.1.0"
 

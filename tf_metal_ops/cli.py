@@ -33,21 +33,13 @@ import sys
 from typing import Any, Callable, Sequence
 
 from tf_metal_ops._arguments import positive_int, whole_number
-
-# TensorFlow's C++ log lines (CPU feature notices at start-up, and with Keras 3 on recent TF a
-# harmless "NodeDef mentions attribute use_unbounded_threadpool" at error level whenever
-# tf.data runs) would bury this tool's own output. Real failures still arrive as Python
-# exceptions. A user who wants the C++ logs sets the variable. It still takes effect although
-# the package has imported TensorFlow by now: TensorFlow's C++ logging reads it at its first
-# message (device set-up), not at import.
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+from tf_metal_ops._command_line import PROGRAM as PROG
 
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1
 EXIT_USAGE = 2
 EXIT_ENVIRONMENT = 3
 
-PROG = "tf-metal-ops"
 
 DTYPES = ("float16", "bfloat16", "float32", "float64")
 
