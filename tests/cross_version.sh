@@ -2,7 +2,7 @@
 # One binary across TensorFlow versions: builds the wheel once, then for each TensorFlow minor
 # version installs that wheel next to tensorflow-cpu==<version>.* in a fresh venv, checks that
 # every TF_* symbol the native library imports is defined by that version's
-# libtensorflow_framework.so.2, and runs the core op tests there.
+# libtensorflow_framework.so.2, and runs the tests marked `tf_abi` there.
 #
 #   tests/cross_version.sh [version ...]          (default: 2.16 2.18 2.21)
 #
@@ -12,7 +12,6 @@
 #                 its interpreter version is also the one of the test venvs. Default python3.
 #   WHEEL         a wheel built already (CI's), to skip the build
 #   CROSS_WORK    work directory (default: a temp dir, removed at exit)
-#   CROSS_TESTS   test files run in each venv (default below)
 #   TOO_OLD       also install this older TensorFlow (e.g. 2.15) and check that using
 #                 tf_metal_ops fails with one clear message naming the supported minimum
 #
@@ -24,8 +23,6 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PYTHON=${PYTHON:-python3}
-# The XLA detection of tf_metal_ops/loss_path.py reads private TensorFlow API: checked on each.
-CROSS_TESTS=${CROSS_TESTS:-"tests/test_custom_loss_op.py tests/test_add_into.py tests/test_bad_input.py tests/test_keras_loss.py tests/test_reduced_loss.py tests/test_composed.py::test_xla_detection_is_available_on_the_installed_tensorflow tests/test_composed.py::test_xla_context_true_inside_jit_also_nested_and_false_elsewhere"}
 VERSIONS=("$@")
 [ ${#VERSIONS[@]} -gt 0 ] || VERSIONS=(2.16 2.18 2.21)
 if [ -n "${CROSS_WORK:-}" ]; then
@@ -77,7 +74,7 @@ for version in "${VERSIONS[@]}"; do
   fi
   echo "all $(nm -D --undefined-only "$library" | awk '{print $NF}' | grep -c '^TF_') TF_* imports are defined"
 
-  step "TensorFlow $version: tests ($CROSS_TESTS)"
+  step "TensorFlow $version: the tests marked tf_abi"
   # From the work dir, so `import tf_metal_ops` finds the installed wheel, not the checkout.
   (cd "$WORK" && "$venv/bin/python" - "$site" <<'PY'
 import sys
@@ -93,9 +90,8 @@ assert Path(info["library_path"]).resolve().is_relative_to(Path(sys.argv[1]).res
     f"loaded {info['library_path']}, not the wheel installed in {sys.argv[1]}")
 PY
   )
-  tests=()
-  for t in $CROSS_TESTS; do tests+=("$ROOT/$t"); done
-  (cd "$WORK" && TF_CPP_MIN_LOG_LEVEL=2 "$venv/bin/python" -m pytest -p no:cacheprovider -q "${tests[@]}")
+  (cd "$WORK" && TF_CPP_MIN_LOG_LEVEL=2 "$venv/bin/python" -m pytest -p no:cacheprovider -q \
+     -m tf_abi "$ROOT/tests")
   summary+=("TensorFlow $version: ok in $(( $(date +%s) - t0 ))s")
   rm -rf "$venv"  # ~1.5 GB each
 done

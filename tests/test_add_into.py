@@ -16,6 +16,8 @@ import tensorflow as tf
 import tf_metal_ops
 from tf_metal_ops import _native
 
+pytestmark = [pytest.mark.tf_abi, pytest.mark.native]
+
 OPS = _native.op_module()
 PLACEHOLDER = tf.zeros([0, 0])
 

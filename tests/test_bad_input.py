@@ -20,6 +20,8 @@ import tensorflow as tf
 
 import tf_metal_ops
 
+pytestmark = [pytest.mark.tf_abi, pytest.mark.native]
+
 
 def shape_pattern(*dims: int) -> str:
     """Matches a shape printed as (5, 7), [5, 7], (6,) or [6]."""
@@ -152,6 +154,7 @@ OUT_OF_RANGE = [
 ]
 
 
+@pytest.mark.simd
 @pytest.mark.parametrize("mode", ["eager", "function"])
 @pytest.mark.parametrize("case", range(len(OUT_OF_RANGE)))
 def test_out_of_range_label_names_index_and_value(mode, case):
@@ -169,6 +172,7 @@ def test_out_of_range_label_names_index_and_value(mode, case):
         f"value {value} not named: {message}")
 
 
+@pytest.mark.simd
 @pytest.mark.parametrize("bad_row", [10, 4000])
 def test_out_of_range_label_in_a_batch_split_across_threads(bad_row):
     # 4099 x 37 is large enough for the CPU kernel to use several threads.
@@ -180,6 +184,7 @@ def test_out_of_range_label_in_a_batch_split_across_threads(bad_row):
     assert re.search(rf"\b{bad_row}\b", message) and re.search(r"\b37\b", message), message
 
 
+@pytest.mark.simd
 def test_out_of_range_label_in_leading_dims_names_the_example():
     labels = np.zeros([2, 3], np.int32)
     labels[1, 2] = 77
@@ -191,6 +196,7 @@ def test_out_of_range_label_in_leading_dims_names_the_example():
     assert re.search(r"\b77\b", message), message
 
 
+@pytest.mark.simd
 def test_out_of_range_label_is_raised_when_only_the_gradient_runs():
     labels = tf.constant([0, 7], tf.int32)
     z = tf.zeros([2, 3])
@@ -201,6 +207,7 @@ def test_out_of_range_label_is_raised_when_only_the_gradient_runs():
         tape.gradient(loss, z)
 
 
+@pytest.mark.simd
 def test_label_equal_to_ignore_class_is_not_out_of_range():
     loss = tf_metal_ops.custom_loss(np.array([0, -1, 2]), tf.zeros([3, 3]), ignore_class=-1)
     assert loss.numpy()[1] == 0
@@ -211,6 +218,7 @@ def test_label_equal_to_ignore_class_is_not_out_of_range():
 
 @pytest.mark.parametrize("labels,value", [([0.0, 1.5, 2.0], "1.5"),
                                           ([0.0, float("nan"), 1.0], "nan")])
+@pytest.mark.simd
 def test_float_labels_that_are_not_whole_numbers(labels, value):
     with pytest.raises((tf.errors.InvalidArgumentError, ValueError)) as info:
         tf_metal_ops.custom_loss(np.array(labels, np.float32), tf.zeros([3, 4])).numpy()
@@ -281,6 +289,7 @@ def test_non_numeric_labels_is_a_type_error():
 # Empty batches are not an error
 # ----------------------------------------------------------------------------------------
 
+@pytest.mark.simd
 @pytest.mark.parametrize("shape", [(0, 3), (0, 1), (4, 0, 3)])
 def test_empty_batch_gives_empty_loss_and_zero_size_gradient(shape):
     z = tf.zeros(shape)

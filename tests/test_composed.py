@@ -48,6 +48,7 @@ def device_without_our_kernel(monkeypatch):
 # Detection
 
 
+@pytest.mark.tf_abi
 def test_xla_detection_is_available_on_the_installed_tensorflow():
     # The guarded private import: if it stops resolving, XLA goes undetected and jit_compile
     # fails again; this test says so instead.
@@ -55,6 +56,7 @@ def test_xla_detection_is_available_on_the_installed_tensorflow():
     assert tf_metal_ops.loss_path_info()["xla_detection"] is True
 
 
+@pytest.mark.tf_abi
 def test_xla_context_true_inside_jit_also_nested_and_false_elsewhere():
     seen = {}
 

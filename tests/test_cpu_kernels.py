@@ -18,6 +18,8 @@ import tf_metal_ops
 from portable_isa import run_on_portable_isa
 from tf_metal_ops import reference as ref
 
+pytestmark = [pytest.mark.native, pytest.mark.simd]
+
 # (rtol, atol) against the float64 reference on the dtype-rounded inputs.
 TOLERANCES = {tf.float32: (2e-5, 2e-5), tf.float16: (2e-3, 2e-3), tf.bfloat16: (1.6e-2, 1.6e-2),
               tf.float64: (1e-9, 1e-9)}
@@ -99,6 +101,7 @@ def test_row_groups_match_reference(dtype, classes):
     _check_groups(dtype, classes)
 
 
+@pytest.mark.baseline_isa
 def test_portable_variant_matches_reference():
     """Runs the tail and group tests above in a process that uses the baseline (SSE2 / NEON)
     variant."""

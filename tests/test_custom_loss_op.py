@@ -32,6 +32,8 @@ import tensorflow as tf
 import tf_metal_ops
 from tf_metal_ops import reference as ref
 
+pytestmark = pytest.mark.native
+
 TOLERANCES = {
     tf.float64: (1e-9, 1e-9),     # (rtol, atol)
     tf.float32: (2e-5, 2e-5),
@@ -165,6 +167,7 @@ def random_case(rng, shape, *, scale=2.0):
 # The main matrix: C x gamma x eps (float32), then dtypes
 # ----------------------------------------------------------------------------------------
 
+@pytest.mark.simd
 @pytest.mark.parametrize("num_classes", CLASS_COUNTS)
 @pytest.mark.parametrize("gamma", GAMMAS)
 @pytest.mark.parametrize("eps", EPSILONS)
@@ -174,6 +177,8 @@ def test_matches_reference_over_classes_gamma_smoothing(num_classes, gamma, eps)
     check_op(labels, logits, upstream=upstream, gamma=gamma, label_smoothing=eps)
 
 
+@pytest.mark.tf_abi
+@pytest.mark.simd
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
 @pytest.mark.parametrize("num_classes", [1, 2, 33, 1000, 50257])
 @pytest.mark.parametrize("gamma,eps", [(0.0, 0.0), (0.5, 0.1), (2.0, 0.0), (3.7, 1.0)])
@@ -187,6 +192,7 @@ def test_matches_reference_per_dtype(dtype, num_classes, gamma, eps):
 
 @pytest.mark.parametrize("shape", [(7,), (0, 5), (0, 1), (0, 50257), (2, 0, 7), (3, 4, 7),
                                    (2, 3, 33), (2, 2, 2, 5)])
+@pytest.mark.tf_abi
 @pytest.mark.parametrize("gamma", [0.0, 2.0])
 def test_leading_dims_and_empty_batches(shape, gamma):
     rng = _rng("leading", shape, gamma)
@@ -195,6 +201,7 @@ def test_leading_dims_and_empty_batches(shape, gamma):
     assert loss.shape == shape[:-1] and grad.shape == shape
 
 
+@pytest.mark.simd
 @pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16], ids=lambda d: d.name)
 @pytest.mark.parametrize("shape", [(4099, 37), (4, 50257), (2, 1500, 45)])
 def test_many_rows_split_across_cpu_threads(dtype, shape):
@@ -235,6 +242,7 @@ def test_empty_batch_every_dtype_and_mode(dtype):
 # Class weights, ignore_class, dense targets
 # ----------------------------------------------------------------------------------------
 
+@pytest.mark.simd
 @pytest.mark.parametrize("num_classes", [5, 33])
 @pytest.mark.parametrize("gamma", [0.0, 0.5, 2.0])
 @pytest.mark.parametrize("eps", [0.0, 0.1])
@@ -251,6 +259,7 @@ def test_class_weights_including_zeros(num_classes, gamma, eps):
              class_weights=tf.constant(weights))
 
 
+@pytest.mark.tf_abi
 def test_changing_class_weights_does_not_retrace():
     rng = _rng("retrace")
     labels, logits, _ = random_case(rng, (6, 4))
@@ -268,6 +277,7 @@ def test_changing_class_weights_does_not_retrace():
     assert f.experimental_get_tracing_count() == 1
 
 
+@pytest.mark.simd
 @pytest.mark.parametrize("ignore_class", [-100, -1, 0, 6])
 @pytest.mark.parametrize("dtype", [tf.float32, tf.float16], ids=lambda d: d.name)
 def test_ignore_class(ignore_class, dtype):
@@ -282,12 +292,15 @@ def test_ignore_class(ignore_class, dtype):
     assert np.all(loss[ignored] == 0) and np.all(grad[ignored] == 0)
 
 
+@pytest.mark.simd
 def test_ignored_rows_are_zero_even_with_nan_logits():
     logits = np.array([[0.1, 0.2, 0.3], [np.nan, 1.0, 2.0], [1.0, 2.0, 3.0]])
     loss, grad = check_op(np.array([0, -1, 2]), logits, ignore_class=-1, gamma=2.0)
     assert loss[1] == 0 and np.all(grad[1] == 0)
 
 
+@pytest.mark.tf_abi
+@pytest.mark.simd
 @pytest.mark.parametrize("dtype", [tf.float32, tf.float64, tf.float16], ids=lambda d: d.name)
 @pytest.mark.parametrize("gamma", [0.0, 0.5, 2.0])
 @pytest.mark.parametrize("eps", [0.0, 0.1, 1.0])
@@ -300,6 +313,7 @@ def test_dense_soft_targets(dtype, gamma, eps):
              gamma=gamma, label_smoothing=eps, class_weights=rng.uniform(0, 2, 9))
 
 
+@pytest.mark.simd
 def test_dense_float32_targets_with_float16_logits():
     rng = _rng("dense-mixed")
     _, logits, upstream = random_case(rng, (5, 6))
@@ -313,6 +327,7 @@ def test_dense_float32_targets_with_float16_logits():
 
 @pytest.mark.parametrize("label_dtype", [np.int32, np.int64, np.int16, np.uint8, np.float32,
                                          np.float64])
+@pytest.mark.tf_abi
 @pytest.mark.parametrize("trailing_one", [False, True])
 @pytest.mark.parametrize("mode", ["eager", "function"])
 def test_label_dtypes_and_trailing_one(label_dtype, trailing_one, mode):
@@ -330,6 +345,7 @@ def test_label_dtypes_and_trailing_one(label_dtype, trailing_one, mode):
     np.testing.assert_allclose(grad.numpy(), want_grad, rtol=2e-5, atol=2e-5)
 
 
+@pytest.mark.tf_abi
 def test_tensor_labels_and_keras_style_float_column():
     # What Keras passes: float32 labels of shape [B, 1] next to [B, C] logits.
     rng = _rng("keras-labels")
@@ -342,6 +358,7 @@ def test_tensor_labels_and_keras_style_float_column():
 # Numerics: masks, extreme logits, p -> 1, C = 1, NaN
 # ----------------------------------------------------------------------------------------
 
+@pytest.mark.simd
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
 @pytest.mark.parametrize("gamma", [0.0, 0.5, 2.0])
 @pytest.mark.parametrize("num_classes", [12, 1000])
@@ -362,6 +379,7 @@ def test_masked_minus_inf_classes(dtype, gamma, num_classes):
     assert np.all(grad[mask] == 0)
 
 
+@pytest.mark.simd
 @pytest.mark.parametrize("gamma", [0.0, 0.5, 2.0])
 def test_masked_classes_with_smoothing_and_zero_weight(gamma):
     # Smoothing puts q_c > 0 on every class; weight 0 on the masked classes keeps the loss
@@ -378,6 +396,7 @@ def test_masked_classes_with_smoothing_and_zero_weight(gamma):
     assert np.all(np.isfinite(loss)) and np.all(np.isfinite(grad))
 
 
+@pytest.mark.simd
 def test_masked_class_with_positive_smoothed_weight_gives_inf_loss_finite_grad():
     # By the definition the loss is +inf (w_c > 0 on log p_c = -inf); the brief's numerics
     # take the p*lp term as 0 at p == 0, so the gradient is finite: exactly the reference's.
@@ -392,6 +411,7 @@ def test_masked_class_with_positive_smoothed_weight_gives_inf_loss_finite_grad()
                                        (tf.float16, 3e4), (tf.bfloat16, 1.5e38),
                                        (tf.float64, 1e300)],
                          ids=lambda v: getattr(v, "name", str(v)))
+@pytest.mark.simd
 @pytest.mark.parametrize("gamma", [0.0, 0.5, 2.0])
 def test_extreme_logits(dtype, big, gamma):
     logits = np.array([
@@ -406,6 +426,7 @@ def test_extreme_logits(dtype, big, gamma):
     assert np.all(np.isfinite(grad))
 
 
+@pytest.mark.simd
 @pytest.mark.parametrize("gamma", [0.1, 0.5, 0.9])
 @pytest.mark.parametrize("dtype", [tf.float64, tf.float32], ids=lambda d: d.name)
 def test_gamma_below_one_near_p_one_has_finite_exact_gradient(gamma, dtype):
@@ -420,6 +441,7 @@ def test_gamma_below_one_near_p_one_has_finite_exact_gradient(gamma, dtype):
     assert np.all(np.isfinite(grad))
 
 
+@pytest.mark.simd
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
 @pytest.mark.parametrize("gamma", [0.0, 0.5, 2.0])
 @pytest.mark.parametrize("eps", [0.0, 1.0])
@@ -431,6 +453,7 @@ def test_single_class_gives_zero_loss_and_gradient(dtype, gamma, eps):
     np.testing.assert_array_equal(grad.numpy().astype(np.float64), np.zeros((4, 1)))
 
 
+@pytest.mark.simd
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
 @pytest.mark.parametrize("num_classes", [7, 1000])
 def test_nan_row_is_isolated(dtype, num_classes):
@@ -457,6 +480,7 @@ def test_no_clip_unlike_keras_on_confident_model_with_smoothing():
     assert np.all(np.abs(keras_loss - loss) / loss > 0.01), (keras_loss, loss)
 
 
+@pytest.mark.tf_abi
 def test_equals_tf_sparse_softmax_cross_entropy_with_defaults():
     rng = _rng("ce")
     labels, logits, upstream = random_case(rng, (16, 10), scale=4.0)
@@ -474,6 +498,7 @@ def test_equals_tf_sparse_softmax_cross_entropy_with_defaults():
 # Gradient checks with TensorFlow's own machinery; eager vs tf.function; second order
 # ----------------------------------------------------------------------------------------
 
+@pytest.mark.tf_abi
 @pytest.mark.parametrize("gamma", [0.0, 0.5, 2.0, 3.7])
 @pytest.mark.parametrize("eps", [0.0, 0.1])
 @pytest.mark.parametrize("kind", ["sparse", "dense", "weighted_ignore"])
@@ -496,6 +521,7 @@ def test_tf_compute_gradient(gamma, eps, kind):
     assert np.abs(theoretical[0]).max() > 1e-3          # not a vacuous all-zero Jacobian
 
 
+@pytest.mark.tf_abi
 @pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16], ids=lambda d: d.name)
 def test_eager_and_tf_function_agree_and_match_reference(dtype):
     rng = _rng("modes", dtype.name)
@@ -507,6 +533,7 @@ def test_eager_and_tf_function_agree_and_match_reference(dtype):
         np.testing.assert_array_equal(a.astype(np.float64), b.astype(np.float64))
 
 
+@pytest.mark.tf_abi
 def test_tf_function_with_unknown_shapes():
     f = tf.function(
         lambda y, z: tf_metal_ops.custom_loss(y, z, gamma=0.5, label_smoothing=0.1),
@@ -521,6 +548,7 @@ def test_tf_function_with_unknown_shapes():
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
 
 
+@pytest.mark.tf_abi
 def test_loss_has_the_logits_shape_and_dtype_statically():
     f = tf.function(lambda z: tf_metal_ops.custom_loss(tf.zeros([4, 3], tf.int32), z))
     concrete = f.get_concrete_function(tf.TensorSpec([4, 3, 10], tf.bfloat16))
@@ -528,6 +556,7 @@ def test_loss_has_the_logits_shape_and_dtype_statically():
     assert out.shape.as_list() == [4, 3] and out.dtype == tf.bfloat16
 
 
+@pytest.mark.tf_abi
 @pytest.mark.parametrize("mode", ["eager", "function"])
 def test_second_derivative_raises_a_clear_error(mode):
     z = tf.constant([[0.5, 1.0, -1.0], [2.0, 0.0, 1.0]], tf.float32)

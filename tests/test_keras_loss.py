@@ -16,6 +16,8 @@ import tensorflow as tf
 import tf_metal_ops
 from tf_metal_ops import reference
 
+pytestmark = pytest.mark.tf_abi
+
 
 def _logits_and_labels(rows: int = 64, classes: int = 10, scale: float = 2.0, seed: int = 0):
     rng = np.random.default_rng(seed)
@@ -148,6 +150,7 @@ def _toy_images(rows: int = 256, classes: int = 4, seed: int = 0):
     return images, labels.astype(np.float32)  # float labels, as Keras datasets often have
 
 
+@pytest.mark.native
 def test_a_small_convnet_trains_and_its_loss_falls():
     keras.utils.set_random_seed(0)
     images, labels = _toy_images()

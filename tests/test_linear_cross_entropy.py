@@ -165,6 +165,8 @@ def assert_within_bars(option, reduction, got, what="", chunk_size=ROWS, jit_com
         assert error <= bar, f"{what} {option} {reduction}: {name} error {error:.3g} > {bar:.3g}"
 
 
+@pytest.mark.tf_abi
+@pytest.mark.native
 @pytest.mark.parametrize("chunk_size", CHUNKS)
 @pytest.mark.parametrize("option", list(OPTION_SETS))
 @pytest.mark.parametrize("reduction", REDUCTIONS)
@@ -293,6 +295,7 @@ def test_no_bias_and_float16_and_float64():
         assert relative_error(g.numpy(), e) < 1e-12
 
 
+@pytest.mark.native
 def test_bad_inputs_name_the_argument_and_value():
     h, w, b = tf.ones([4, 3]), tf.ones([3, 5]), tf.ones([5])
     y = tf.constant([0, 1, 2, 3])
@@ -467,6 +470,7 @@ def test_head_under_mirrored_strategy_trains_as_one_device(tmp_path):
     assert facts["max_difference"] < 2e-5, facts
 
 
+@pytest.mark.tf_abi
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 def test_batch_of_unknown_size_under_tf_function(reduction):
     """Keras traces fit with a batch of unknown size: the chunk is then bounded at run time

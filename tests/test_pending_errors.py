@@ -23,6 +23,8 @@ import tensorflow as tf
 import tf_metal_ops
 from tf_metal_ops import _native, debug
 
+pytestmark = [pytest.mark.tf_abi, pytest.mark.native]
+
 sys.path.insert(0, str(Path(__file__).resolve().parent / "msl_host"))
 import msl_build as mb  # noqa: E402
 import raw_ops  # noqa: E402

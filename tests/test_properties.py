@@ -35,12 +35,15 @@ import os
 from typing import Optional, Tuple
 
 import numpy as np
+import pytest
 import tensorflow as tf
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
 import tf_metal_ops
 from tf_metal_ops import reference as ref
+
+pytestmark = pytest.mark.native
 
 # --------------------------------------------------------------------------------------------
 # Profiles. Registered under our own names and applied per test (a settings object is a

@@ -24,6 +24,7 @@ from portable_isa import run_on_portable_isa
 from raw_ops import NO_WEIGHTS, awkward_inputs, forward, gradient
 from tf_metal_ops.losses import CustomLoss
 
+
 # Around the row-group limits (32 / 48 classes at 8 lanes, 24 / 32 at 4) and the vector widths.
 CLASS_COUNTS = [1, 7, 24, 25, 33, 48, 49, 100, 1003]
 # (gamma, label_smoothing): plain, smoothed, focal (the fast gamma kinds and a general one).
@@ -63,12 +64,16 @@ def check_scaled_gradient_is_the_gradient_ops(classes: int, dtype) -> None:
                 _assert_same_bits(scaled, computed, where)
 
 
+@pytest.mark.native
+@pytest.mark.simd
 @pytest.mark.parametrize("classes", CLASS_COUNTS)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_scaled_gradient_is_the_gradient_ops_bit_for_bit(classes, dtype):
     check_scaled_gradient_is_the_gradient_ops(classes, dtype)
 
 
+@pytest.mark.simd
+@pytest.mark.baseline_isa
 def test_scaled_gradient_on_the_baseline_instruction_set():
     run_on_portable_isa("test_reduced_loss", """
         for dtype in (tf.float32, tf.bfloat16):
@@ -77,6 +82,9 @@ def test_scaled_gradient_on_the_baseline_instruction_set():
     """)
 
 
+@pytest.mark.native
+@pytest.mark.tf_abi
+@pytest.mark.simd
 def test_float64_and_empty_batches_make_no_scaled_gradient():
     z, labels = awkward_inputs(tf.float64, 10, "int32", rows=4)
     assert forward(z, labels, row_scales=tf.ones([4]))[2].shape == (0,)
@@ -144,6 +152,8 @@ def _assert_matches_keras(loss_kwargs, labels, logits, sample_weight=None, after
 @pytest.mark.parametrize("settings", [{}, dict(gamma=2.0, label_smoothing=0.1),
                                       dict(class_weights=[0.5] * 25 + [2.0] * 25,
                                            ignore_class=3)])
+@pytest.mark.native
+@pytest.mark.tf_abi
 def test_reduced_loss_equals_keras_reduction(reduction, weighting, settings):
     labels, logits = _inputs()
     rng = np.random.default_rng(1)
@@ -156,6 +166,8 @@ def test_reduced_loss_equals_keras_reduction(reduction, weighting, settings):
     _assert_matches_keras(dict(reduction=reduction, **settings), labels, logits, sample_weight)
 
 
+@pytest.mark.native
+@pytest.mark.tf_abi
 @pytest.mark.parametrize("reduction", ["sum_over_batch_size", "sum"])
 def test_reduced_loss_equals_keras_reduction_with_a_keras_mask_over_sequences(reduction):
     rng = np.random.default_rng(2)
@@ -182,6 +194,8 @@ def test_reduced_loss_equals_keras_reduction_with_a_keras_mask_over_sequences(re
         assert np.all(ours[1].numpy()[~mask.numpy()] == 0)
 
 
+@pytest.mark.native
+@pytest.mark.tf_abi
 def test_a_scale_after_the_reduction_multiplies_the_gradient():
     labels, logits = _inputs()
     _assert_matches_keras(dict(gamma=2.0), labels, logits, after=lambda value: value * 3.0)
@@ -189,6 +203,8 @@ def test_a_scale_after_the_reduction_multiplies_the_gradient():
                           after=lambda value: value * 1024.0)  # a loss scale
 
 
+@pytest.mark.native
+@pytest.mark.tf_abi
 def test_training_runs_no_gradient_op_where_the_forward_made_the_gradient():
     labels, logits = _inputs()
     # Every kernel that can run a float32 forward (CPU or Metal) writes the gradient: no
@@ -209,6 +225,8 @@ INTERMEDIATE_CLASS_COUNTS = [7, 45, 1003]  # row groups, one row at a time, long
 INTERMEDIATE_SETTINGS = [dict(), dict(gamma=2.0, label_smoothing=0.1), dict(gamma=0.5)]
 
 
+@pytest.mark.native
+@pytest.mark.simd
 @pytest.mark.parametrize("dtype", [tf.float32, tf.float16, tf.bfloat16])
 @pytest.mark.parametrize("classes", INTERMEDIATE_CLASS_COUNTS)
 @pytest.mark.parametrize("settings", INTERMEDIATE_SETTINGS)
@@ -216,6 +234,8 @@ def test_scaled_gradient_over_intermediate_logits(dtype, classes, settings):
     check_scaled_gradient_over_intermediate_logits(dtype, classes, settings)
 
 
+@pytest.mark.simd
+@pytest.mark.baseline_isa
 def test_scaled_gradient_over_intermediate_logits_on_the_baseline_instruction_set():
     run_on_portable_isa("test_reduced_loss", """
         for dtype in (tf.float32, tf.bfloat16):
@@ -262,6 +282,8 @@ def check_scaled_gradient_over_intermediate_logits(dtype, classes: int, settings
         tf.cast(tf.matmul(h, grad_z, transpose_a=True), tf.float32).numpy())
 
 
+@pytest.mark.native
+@pytest.mark.tf_abi
 def test_empty_and_unknown_batches():
     empty_labels, empty_logits = tf.zeros([0], tf.int32), tf.zeros([0, 7])
     value, grad = _value_and_gradient(CustomLoss(), empty_labels, empty_logits)
@@ -306,6 +328,8 @@ def _fit(loss, *, loss_weights=None, policy="float32") -> list:
 
 @pytest.mark.parametrize("options", [dict(), dict(loss_weights=0.25),
                                      dict(policy="mixed_float16")])
+@pytest.mark.native
+@pytest.mark.tf_abi
 def test_fit_trains_as_keras_reduction_does(options):
     settings = dict(gamma=2.0, label_smoothing=0.1)
     ours = _fit(CustomLoss(**settings), **options)

@@ -34,6 +34,8 @@ import tf_metal_ops
 from tf_metal_ops import _native
 from tf_metal_ops import reference as ref
 
+pytestmark = pytest.mark.native
+
 TESTS_DIR = Path(__file__).resolve().parent
 FUZZ_SCRIPT = TESTS_DIR / "raw_op_fuzz.py"
 # A guard against a hang, far beyond the ~20 s the fuzz program needs (TF import included):

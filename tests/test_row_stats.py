@@ -22,6 +22,8 @@ from portable_isa import run_on_portable_isa
 from raw_ops import NO_STATS, NO_WEIGHTS, awkward_inputs, forward, gradient
 from tf_metal_ops import _native
 
+pytestmark = pytest.mark.simd
+
 # Around the row-group limits (32 / 48 classes at 8 lanes, 24 / 32 at 4) and the vector widths.
 CLASS_COUNTS = [1, 7, 24, 25, 33, 48, 49, 100, 1003]
 # (gamma, label_smoothing): plain, smoothed, focal (the fast gamma kinds and a general one).
@@ -68,6 +70,7 @@ def _gradients_agree(dtype, classes: int, label_kind: str) -> None:
                 np.testing.assert_allclose(got, want, rtol=10 * tol, atol=tol, err_msg=where)
 
 
+@pytest.mark.native
 @pytest.mark.parametrize("label_kind", ["int32", "int64", "dense"])
 @pytest.mark.parametrize("classes", CLASS_COUNTS)
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -75,6 +78,7 @@ def test_gradient_with_row_stats_is_the_gradient_without(dtype, classes, label_k
     _gradients_agree(dtype, classes, label_kind)
 
 
+@pytest.mark.baseline_isa
 def test_portable_variant_gradient_with_row_stats_is_the_gradient_without():
     run_on_portable_isa("test_row_stats", """
         for dtype in t.DTYPES:
@@ -84,6 +88,7 @@ def test_portable_variant_gradient_with_row_stats_is_the_gradient_without():
     """)
 
 
+@pytest.mark.native
 @pytest.mark.parametrize("classes", [10, 33, 1003])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_forward_row_stats_are_the_softmax_pieces(dtype, classes):
@@ -106,6 +111,7 @@ def test_forward_row_stats_are_the_softmax_pieces(dtype, classes):
     assert np.isnan(loss.numpy()[nan_rows]).all()
 
 
+@pytest.mark.native
 def test_row_stats_shape_follows_the_flattened_rows():
     z = tf.random.stateless_normal([2, 3, 50], seed=[1, 2])
     labels = tf.zeros([2, 3], tf.int32)
@@ -114,6 +120,7 @@ def test_row_stats_shape_follows_the_flattened_rows():
     np.testing.assert_array_equal(stats.numpy()[:, 0], tf.reduce_max(z, -1).numpy().ravel())
 
 
+@pytest.mark.native
 def test_float64_kernel_returns_no_row_stats_and_its_gradient_works_without():
     z = tf.random.stateless_normal([4, 50], seed=[1, 2], dtype=tf.float64)
     labels = tf.constant([0, 1, 2, 3])
@@ -123,6 +130,7 @@ def test_float64_kernel_returns_no_row_stats_and_its_gradient_works_without():
     assert np.isfinite(grad.numpy()).all()
 
 
+@pytest.mark.native
 def test_empty_batch_row_stats():
     _, stats, _ = forward(tf.zeros([0, 5]), tf.zeros([0], tf.int32))
     assert stats.shape == (0, 3)

@@ -74,6 +74,7 @@ def test_without_metal_the_build_says_so_and_records_no_timings():
         assert tf_metal_ops.debug.kernel_timings() == []
 
 
+@pytest.mark.simd
 def test_cpu_thread_cap_gives_identical_results():
     rng = np.random.default_rng(1)
     logits = rng.standard_normal((512, 1000)).astype(np.float32)  # large enough to split
@@ -108,6 +109,7 @@ def test_environment_variable_turns_commit_and_wait_on_at_import(tmp_path):
     assert out.stdout.strip().splitlines()[-1] == "commit_and_wait"
 
 
+@pytest.mark.tf_abi
 def test_cpu_threads_follow_tensorflow_intra_op_setting(tmp_path):
     """Without a cap of our own the CPU kernels use as many threads as TensorFlow's intra-op
     pool is given; set_cpu_threads overrides that, and 0 goes back to following it. (In a child

@@ -16,6 +16,8 @@ import pytest
 
 from cpu_checks import BUILDS, REPO_ROOT, build_check
 
+pytestmark = pytest.mark.simd
+
 SOURCE = REPO_ROOT / "tests" / "cpu_math" / "simd_math_check.cc"
 
 # Largest error in float32 ulps, as documented in simd_vector.h.

@@ -128,6 +128,7 @@ def custom_loss_and_gradient(num_classes: int, option: str):
     return loss.numpy(), tape.gradient(total, z).numpy()
 
 
+@pytest.mark.simd
 @pytest.mark.parametrize("option", list(OPTION_SETS))
 @pytest.mark.parametrize("num_classes", SIZES)
 def test_custom_loss_error_does_not_grow_with_classes(num_classes, option):
@@ -151,6 +152,8 @@ def test_keras_loss_under_a_tape_is_as_exact(num_classes, option):
     assert_within_bars(num_classes, option, per_example, grad.numpy(), what="CustomLoss")
 
 
+@pytest.mark.simd
+@pytest.mark.baseline_isa
 def test_portable_instruction_set_is_as_exact():
     run_on_portable_isa("test_vocabulary_scale", """
         for num_classes in t.SIZES:
@@ -160,6 +163,7 @@ def test_portable_instruction_set_is_as_exact():
     """)
 
 
+@pytest.mark.simd
 @pytest.mark.parametrize("option", ["plain", "focal + smoothing", "dense soft targets, focal"])
 def test_float64_kernel_stays_exact(option):
     num_classes = SIZES[-1]

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the native library for x86-64 with clang 16 (setup.py's own sources and flags, clang as
 # CC/CXX/LDSHARED) and runs the op tests against it: the compiler of Apple's and many Linux
-# users' builds, next to CI's gcc. About 5 minutes on 2 cores.
+# users' builds, next to CI's gcc: the tests marked `simd` (the CPU kernels' arithmetic, where
+# a compiler's code generation can differ), and tests/test_simd_math.py's vector math.
 #
 #   tests/cross/clang_x86.sh [extra pytest arguments, e.g. -x or -k name]
 #
@@ -11,7 +12,6 @@
 #   CLANG        the clang++ to build with (default: clang++-16)
 #   CLANG_WORK   where the build and the package copy go (default: a new temp dir, removed at
 #                exit; set it to keep them)
-#   CLANG_TESTS  the test files (default below)
 #
 # As tests/sanitizer/build_and_run.sh does, the tests see the clang library through a copy of
 # the package's Python files next to it, first on PYTHONPATH, with pytest run from outside the
@@ -21,9 +21,6 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 PYTHON=${PYTHON:-python3}
 CLANG=${CLANG:-clang++-16}
-# The op tests, the Keras loss, the properties and robustness tests, the run-time settings and
-# the vector math check (which test_simd_math.py builds with $CXX: clang here too).
-CLANG_TESTS=${CLANG_TESTS:-"tests/test_custom_loss_op.py tests/test_add_into.py tests/test_reduced_loss.py tests/test_vocabulary_scale.py tests/test_row_stats.py tests/test_cpu_kernels.py tests/test_bad_input.py tests/test_keras_loss.py tests/test_properties.py tests/test_robustness.py tests/test_runtime_settings.py tests/test_simd_math.py"}
 if [ -n "${CLANG_WORK:-}" ]; then
   WORK=$CLANG_WORK
   mkdir -p "$WORK"
@@ -68,10 +65,9 @@ assert loaded.is_relative_to(Path(sys.argv[1]).resolve()), f"loaded {loaded}, no
 print("clang library:", loaded)
 EOF
 
-step "op tests against the clang build: $CLANG_TESTS"
-tests=()
-for t in $CLANG_TESTS; do tests+=("$ROOT/$t"); done
-CXX="$CLANG" "$PYTHON" -m pytest -p no:cacheprovider -q -ra "${tests[@]}" "$@" | tee "$WORK/pytest.log"
+step "tests marked simd against the clang build (test_simd_math.py's checks built with $CLANG)"
+CXX="$CLANG" "$PYTHON" -m pytest -p no:cacheprovider -q -ra -m simd "$ROOT/tests" "$@" \
+  | tee "$WORK/pytest.log"
 result=$(grep -E "^=* ?[0-9]+ (passed|failed)" "$WORK/pytest.log" | tail -1 | sed 's/=//g; s/ in [0-9.]*s.*//; s/^ *//')
 step "done"
-echo "clang x86-64: ${result} (files: $CLANG_TESTS)"
+echo "clang x86-64: ${result} (marker: simd)"

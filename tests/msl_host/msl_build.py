@@ -102,6 +102,8 @@ def _system_clang() -> Optional[tuple]:
     """$TF_METAL_OPS_CLANG, else the newest versioned clang++ (Debian's clang-N), else
     clang++ on PATH (Apple's on macOS)."""
     explicit = os.environ.get("TF_METAL_OPS_CLANG")
+    if explicit == "ziglang":  # the wheel's even where a system clang is installed
+        return None
     if explicit:
         found = shutil.which(explicit) or (explicit if Path(explicit).exists() else None)
         return (found, "$TF_METAL_OPS_CLANG") if found else None
@@ -117,7 +119,7 @@ def _system_clang() -> Optional[tuple]:
 @functools.lru_cache(maxsize=None)
 def find_clang() -> Optional[Clang]:
     """The clang++ the checks use: a system one where there is one, the ziglang wheel's
-    otherwise; None when neither is installed."""
+    otherwise (or where $TF_METAL_OPS_CLANG is "ziglang"); None when neither is installed."""
     system = _system_clang()
     if system is not None:
         command, origin = (system[0],), system[1]

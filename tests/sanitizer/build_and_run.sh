@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds the native library with AddressSanitizer + UndefinedBehaviorSanitizer and runs the op
-# tests against it. Any sanitizer report aborts the Python process, which fails the test (or
+# Builds the native library with AddressSanitizer + UndefinedBehaviorSanitizer and runs the tests
+# marked `native` (the native code's memory and error paths) against it. Any sanitizer report aborts the Python process, which fails the test (or
 # the whole run) that triggered it.
 #
 #   tests/sanitizer/build_and_run.sh [extra pytest arguments, e.g. -x or -k name]
@@ -11,7 +11,6 @@
 #   CXX               the compiler whose sanitizer runtime is preloaded (default: g++)
 #   SANITIZER_WORK    where the build and the package copy go (default: a new temp dir,
 #                     removed at exit; set it to keep them)
-#   SANITIZER_TESTS   the test files to run (default below)
 #
 # How the tests see the sanitized library without touching the checkout: the package's Python
 # files are copied into $SANITIZER_WORK/pkg/tf_metal_ops next to the sanitized library, and
@@ -34,7 +33,6 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 PYTHON=${PYTHON:-python3}
 CXX=${CXX:-g++}
-SANITIZER_TESTS=${SANITIZER_TESTS:-"tests/test_custom_loss_op.py tests/test_add_into.py tests/test_bad_input.py tests/test_keras_loss.py tests/test_properties.py tests/test_robustness.py tests/test_reduced_loss.py tests/test_pending_errors.py"}
 if [ -n "${SANITIZER_WORK:-}" ]; then
   WORK=$SANITIZER_WORK
   mkdir -p "$WORK"
@@ -111,9 +109,7 @@ ctypes.CDLL(None).__asan_init  # the preloaded runtime is live in this process
 print("sanitized library:", loaded)
 EOF
 
-step "op tests under ASan + UBSan: $SANITIZER_TESTS"
-tests=()
-for t in $SANITIZER_TESTS; do tests+=("$ROOT/$t"); done
-"$PYTHON" -m pytest -p no:cacheprovider -q -ra "${tests[@]}" \
+step "tests marked native under ASan + UBSan"
+"$PYTHON" -m pytest -p no:cacheprovider -q -ra -m native "$ROOT/tests" \
   -k "not memory_stays_flat and not error_path_leaks" "$@"
 step "done"
