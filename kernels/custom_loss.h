@@ -102,6 +102,15 @@ inline float compensated_value(CompensatedSum s) {
   return isfinite(s.sum) ? s.sum + s.carry : s.sum;
 }
 
+// ---- the per-logit exponential ----------------------------------------------------------------
+// e^x for the exponentials taken once per logit (the log-sum-exp walk's exp(z - max), pass 3's
+// p = exp(lp)): 2^(x log2 e), one multiply and a precise exp2, where a precise exp spends a
+// range reduction of its own around the same exp2. The rounded product moves the exponent by at most |x| 2^-24, a relative error of
+// 6e-8 |x| in the result: 1e-6 for a term exp(-17) that adds 4e-8 of the largest to a sum, and
+// 5e-6 for p = 1e-38 (|lp| = 87, the smallest normal float). Both sit far inside the kernels'
+// tolerances, and the terms that carry a row's sum (x near 0) keep their digits.
+inline float exp_per_logit(float x) { return math::exp2(x * 1.44269504088896341f); }
+
 // ---- log-sum-exp state (custom_loss_math.h), walked and reduced by a row's threads -----------
 
 typedef LogSumExp<float> LseState;
@@ -162,7 +171,7 @@ inline void lse_add_block(thread LogSumExpPartial& s, LogitBlock b) {
   float ties = 0.0f;
   float others = 0.0f;
   for (uint k = 0u; k < TFMO_LSE_BLOCK; ++k) {
-    const float e = math::exp(b.z[k] - s.max);
+    const float e = exp_per_logit(b.z[k] - s.max);
     const bool tie = b.z[k] == s.max;
     ties += tie ? 1.0f : 0.0f;
     others += tie ? 0.0f : e;
@@ -171,28 +180,19 @@ inline void lse_add_block(thread LogSumExpPartial& s, LogitBlock b) {
   compensated_add(s.others, others);
 }
 
-// The classes first, first + stride, ... (< num_classes) of one row. The last, partial block is
-// padded with -inf, which changes nothing: it is never a maximum nor a tie (the maximum starts
-// at the lowest finite value), and exp(-inf - max) adds exactly 0 to `others`.
-template <typename T>
-inline void lse_add_strided(thread LogSumExpPartial& s, const device T* row_logits, uint first,
-                            uint stride, uint num_classes) {
+// Walks the classes first, first + stride, ... (< num_classes) of one row in blocks of
+// TFMO_LSE_BLOCK: visitor.block(c, count) takes classes c, c + stride, ..., count of them (the
+// whole block but for the row's last, partial one). Each pass below is such a visitor: it loads
+// its block's inputs first (independent loads in flight together), then computes.
+template <typename Visitor>
+inline void for_each_block(thread Visitor& visitor, uint first, uint stride, uint num_classes) {
   const uint block_span = (TFMO_LSE_BLOCK - 1u) * stride;
-  const device T* at = row_logits + first;
   uint c = first;
   // c < num_classes inside the loop, so the subtraction cannot wrap.
   for (; c < num_classes && num_classes - c > block_span; c += block_span + stride) {
-    LogitBlock b;
-    for (uint k = 0u; k < TFMO_LSE_BLOCK; ++k, at += stride) b.z[k] = float(*at);
-    lse_add_block(s, b);
+    visitor.block(c, TFMO_LSE_BLOCK);
   }
-  if (c < num_classes) {
-    LogitBlock b;
-    for (uint k = 0u; k < TFMO_LSE_BLOCK; ++k, c += stride) {
-      b.z[k] = c < num_classes ? float(row_logits[c]) : -math::infinity<float>();
-    }
-    lse_add_block(s, b);
-  }
+  if (c < num_classes) visitor.block(c, (num_classes - c - 1u) / stride + 1u);
 }
 
 inline LseState lse_settle(LogSumExpPartial s) {
@@ -381,16 +381,155 @@ inline RowLse read_row_stats(const device float* stats, uint row) {
 // a division) is kept for p_j > 1/2, where 1 - p_j would lose r_j's digits, and for NaN.
 // gradient_parts(lp, w, 0) has g = w * 1 = w, bitwise the g used here.
 inline float class_gradient(float lp, float w, float gamma, float big_g) {
-  if (w == 0.0f) return math::exp(lp) * big_g;
+  if (w == 0.0f) return exp_per_logit(lp) * big_g;
   if (gamma == 0.0f) {
     GradientParts<float> t;
-    t.p = math::exp(lp);
+    t.p = exp_per_logit(lp);
     t.r = t.p <= 0.5f ? 1.0f - t.p : one_minus_p_given_p(lp, t.p);
     t.g = w;
     return gradient_value(t, big_g);
   }
   return gradient_value(gradient_parts(lp, w, gamma), big_g);
 }
+
+// ---- the passes over a row, as block visitors ---------------------------------------------
+
+// What a row's classes weigh: class_weight, and v_c, what pass 1 sums when it carries the
+// cross-entropy sums (custom_loss_math.h): w_c for dense targets, a_c for sparse labels (whose
+// labelled class's (1 - eps) a_y is added once per row).
+template <typename LabelT, bool kDense>
+struct RowWeights {
+  const device LabelT* labels;
+  ulong base;
+  long label;
+  const device float* class_weights;
+  constant CustomLossParams* params;
+
+  float full(uint c) const {
+    return class_weight<LabelT, kDense>(labels, base, label, c, class_weights, *params);
+  }
+  float walked(uint c) const {
+    if (kDense) return full(c);
+    return params->has_class_weights != 0u ? class_weights[c] : 1.0f;
+  }
+};
+
+// Pass 1: the log-sum-exp, and with kSums the sums V = sum v_c and S_v = sum v_c (z_c - max)
+// relative to this thread's running maximum. The last, partial block is padded with -inf,
+// which changes nothing: it is never a maximum nor a tie (the maximum starts at the lowest
+// finite value), exp(-inf - max) adds exactly 0 to `others`, and its weight is 0.
+template <typename T, typename LabelT, bool kDense, bool kSums>
+struct LogSumExpPass {
+  const device T* row;
+  uint stride;
+  RowWeights<LabelT, kDense> weights;
+  LogSumExpPartial lse;
+  CompensatedSum weight;   // V
+  CompensatedSum shifted;  // S_v, relative to lse.max
+
+  void block(uint c, uint count) {
+    LogitBlock b;
+    float v[TFMO_LSE_BLOCK];
+    for (uint k = 0u; k < TFMO_LSE_BLOCK; ++k) {
+      b.z[k] = k < count ? float(row[c + k * stride]) : -math::infinity<float>();
+    }
+    if (kSums) {
+      for (uint k = 0u; k < TFMO_LSE_BLOCK; ++k) {
+        v[k] = k < count ? weights.walked(c + k * stride) : 0.0f;
+      }
+    }
+    const float old_max = lse.max;
+    lse_add_block(lse, b);
+    if (!kSums) return;
+    if (lse.max > old_max) {
+      shifted.sum = shifted_sum_rebased(compensated_value(shifted), compensated_value(weight),
+                                        old_max, lse.max);
+      shifted.carry = 0.0f;
+    }
+    float block_weight = 0.0f;
+    float block_shifted = 0.0f;
+    for (uint k = 0u; k < TFMO_LSE_BLOCK; ++k) {
+      block_weight += v[k];
+      block_shifted += shifted_term(b.z[k], lse.max, v[k]);
+    }
+    compensated_add(weight, block_weight);
+    compensated_add(shifted, block_shifted);
+  }
+};
+
+// V alone, bitwise as LogSumExpPass<..., true> sums it (a gradient given row_stats).
+template <typename LabelT, bool kDense>
+struct WeightSumPass {
+  uint stride;
+  RowWeights<LabelT, kDense> weights;
+  CompensatedSum weight;
+
+  void block(uint c, uint count) {
+    float v[TFMO_LSE_BLOCK];
+    for (uint k = 0u; k < TFMO_LSE_BLOCK; ++k) {
+      v[k] = k < count ? weights.walked(c + k * stride) : 0.0f;
+    }
+    float block_weight = 0.0f;
+    for (uint k = 0u; k < TFMO_LSE_BLOCK; ++k) block_weight += v[k];
+    compensated_add(weight, block_weight);
+  }
+};
+
+// Pass 2 (gamma > 0, several weighted classes): -loss = sum_c w_c r_c^gamma lp_c and
+// G = sum_c g_c, term by term. A logit at a time: each term's pow, exp and expm1 outweigh the
+// wait for its load, and a body this large is not unrolled, so block arrays would live in
+// local memory.
+template <typename T, typename LabelT, bool kDense>
+struct FocalSumsPass {
+  const device T* row;
+  uint stride;
+  RowWeights<LabelT, kDense> weights;
+  RowLse ls;
+  float gamma;
+  bool want_loss;
+  bool want_gradient;
+  CompensatedSum loss;
+  CompensatedSum big_g;
+
+  void block(uint c, uint count) {
+    for (uint k = 0u; k < count; ++k) {
+      const uint ck = c + k * stride;
+      const float w = weights.full(ck);
+      if (w == 0.0f) continue;
+      const float lp = log_prob(ls, float(row[ck]));
+      if (want_loss) compensated_add(loss, loss_term(lp, w, gamma));
+      if (want_gradient) compensated_add(big_g, gradient_term(lp, w, gamma));
+    }
+  }
+};
+
+// Pass 3 of a row with several weighted classes: out_j = scale * (p_j G - g_j).
+template <typename T, typename LabelT, bool kDense>
+struct GradientPass {
+  const device T* row;
+  device T* out;
+  uint stride;
+  RowWeights<LabelT, kDense> weights;
+  RowLse ls;
+  float gamma;
+  float big_g;
+  float scale;
+
+  void block(uint c, uint count) {
+    LogitBlock b;
+    float w[TFMO_LSE_BLOCK];
+    for (uint k = 0u; k < TFMO_LSE_BLOCK; ++k) {
+      b.z[k] = k < count ? float(row[c + k * stride]) : 0.0f;
+    }
+    for (uint k = 0u; k < TFMO_LSE_BLOCK; ++k) {
+      w[k] = k < count ? weights.full(c + k * stride) : 0.0f;
+    }
+    for (uint k = 0u; k < TFMO_LSE_BLOCK; ++k) {  // a fixed count: the arrays stay in registers
+      const float lp = log_prob(ls, b.z[k]);
+      if (k < count) out[c + k * stride] = T(scale * class_gradient(lp, w[k], gamma, big_g));
+    }
+  }
+};
 
 // The passes over a row, each reading its logits once:
 //   1. log-sum-exp (skipped by a gradient given row_stats),
@@ -434,45 +573,107 @@ inline void process_row(const device T* logits, const device LabelT* labels,
     return;
   }
 
-  // Pass 1: log-sum-exp of the row.
+  const float gamma = params.gamma;
+  const bool single = single_weighted_class<kDense>(params);
+  // Cross-entropy with several weighted classes: W and S come from pass 1 (custom_loss_math.h),
+  // and there is no pass 2.
+  const bool sums_in_walk = !single && gamma == 0.0f;
+  RowWeights<LabelT, kDense> weights;
+  weights.labels = labels;
+  weights.base = base;
+  weights.label = label;
+  weights.class_weights = class_weights;
+  weights.params = &params;
+
+  // Pass 1: log-sum-exp of the row (and V, S_v).
   RowLse ls;
+  float walked_weight = 0.0f;   // V: sum_c a_c (sparse) or sum_c w_c (dense)
+  float walked_shifted = 0.0f;  // S_v: sum_c v_c (z_c - max)
   if (kGradient && with_stats) {
     ls = read_row_stats(stats_in, row);
+    if (sums_in_walk) {
+      if (!kDense && params.has_class_weights == 0u) {
+        walked_weight = float(num_classes);  // the walk's sum of ones, exact below 2^24
+      } else {
+        WeightSumPass<LabelT, kDense> pass;
+        pass.stride = stride;
+        pass.weights = weights;
+        pass.weight = compensated_zero();
+        for_each_block(pass, first, stride, num_classes);
+        walked_weight = reduce.sum(compensated_value(pass.weight));
+      }
+    }
   } else {
-    LogSumExpPartial partial = lse_partial_empty();
-    lse_add_strided(partial, logits + base, first, stride, num_classes);
-    const LseState state = reduce.lse(lse_settle(partial));
+    LseState state;
+    if (sums_in_walk) {
+      LogSumExpPass<T, LabelT, kDense, true> pass;
+      pass.row = logits + base;
+      pass.stride = stride;
+      pass.weights = weights;
+      pass.lse = lse_partial_empty();
+      pass.weight = compensated_zero();
+      pass.shifted = compensated_zero();
+      for_each_block(pass, first, stride, num_classes);
+      state = reduce.lse(lse_settle(pass.lse));
+      const float weight = compensated_value(pass.weight);
+      const float shifted = shifted_sum_rebased(compensated_value(pass.shifted), weight,
+                                                pass.lse.max, state.max);
+      reduce.sum2(shifted, weight, walked_shifted, walked_weight);
+    } else {
+      LogSumExpPass<T, LabelT, kDense, false> pass;
+      pass.row = logits + base;
+      pass.stride = stride;
+      pass.lse = lse_partial_empty();
+      for_each_block(pass, first, stride, num_classes);
+      state = reduce.lse(lse_settle(pass.lse));
+    }
     ls = lse_finish(state);
     if (!kGradient && with_stats && leader) write_row_stats(stats_out, row, state, ls);
   }
-  const float gamma = params.gamma;
 
   // Pass 2: the row's sums, -loss = sum_c w_c r_c^gamma lp_c and G = sum_c g_c, as needed.
   float loss_total = 0.0f;
   float big_g = 0.0f;
   float lp_label = 0.0f;  // the single weighted class's lp, for pass 3
-  if (single_weighted_class<kDense>(params)) {
+  if (single) {
     const uint y = uint(label);
     const float w = class_weight<LabelT, kDense>(labels, base, label, y, class_weights, params);
     lp_label = log_prob(ls, float(logits[base + y]));
     if (want_loss) loss_total = loss_term(lp_label, w, gamma);
     if (want_gradient) big_g = gradient_term(lp_label, w, gamma);
-  } else {
-    CompensatedSum loss_acc = compensated_zero();
-    CompensatedSum g_acc = compensated_zero();
-    for (uint c = first; c < num_classes; c += stride) {
-      const float w = class_weight<LabelT, kDense>(labels, base, label, c, class_weights, params);
-      if (w == 0.0f) continue;
-      const float lp = log_prob(ls, float(logits[base + c]));
-      if (want_loss) compensated_add(loss_acc, loss_term(lp, w, gamma));
-      if (want_gradient) compensated_add(g_acc, gradient_term(lp, w, gamma));
+  } else if (sums_in_walk) {
+    float total_weight = walked_weight;
+    float shifted = walked_shifted;
+    if (!kDense) {  // add the labelled class's (1 - eps) a_y
+      const uint y = uint(label);
+      const float a_y = params.has_class_weights != 0u ? class_weights[y] : 1.0f;
+      const float label_weight = params.smooth_on * a_y;
+      total_weight = sparse_total_weight(label_weight, params.smooth_off, walked_weight);
+      if (want_loss) {
+        shifted = params.smooth_off * walked_shifted +
+                  shifted_term(float(logits[base + y]), ls.max, label_weight);
+      }
     }
+    if (want_loss) loss_total = cross_entropy_neg_loss(ls, total_weight, shifted);
+    big_g = total_weight;
+  } else {
+    FocalSumsPass<T, LabelT, kDense> pass;
+    pass.row = logits + base;
+    pass.stride = stride;
+    pass.weights = weights;
+    pass.ls = ls;
+    pass.gamma = gamma;
+    pass.want_loss = want_loss;
+    pass.want_gradient = want_gradient;
+    pass.loss = compensated_zero();
+    pass.big_g = compensated_zero();
+    for_each_block(pass, first, stride, num_classes);
     if (want_loss && want_gradient) {
-      reduce.sum2(compensated_value(loss_acc), compensated_value(g_acc), loss_total, big_g);
+      reduce.sum2(compensated_value(pass.loss), compensated_value(pass.big_g), loss_total, big_g);
     } else if (want_loss) {
-      loss_total = reduce.sum(compensated_value(loss_acc));
+      loss_total = reduce.sum(compensated_value(pass.loss));
     } else {
-      big_g = reduce.sum(compensated_value(g_acc));
+      big_g = reduce.sum(compensated_value(pass.big_g));
     }
   }
 
@@ -481,7 +682,7 @@ inline void process_row(const device T* logits, const device LabelT* labels,
 
   // Pass 3: d logits_j = scale * (p_j G - g_j), scale = upstream[row] or row_scales[row].
   const float scale = float(grad_scales[row]);
-  if (single_weighted_class<kDense>(params)) {
+  if (single) {
     // g_j = 0 off y, where the gradient is p_j G (class_gradient's w == 0 case), bitwise; at y
     // it is class_gradient of pass 2's lp_y (the same logit through the same formula) and w_y,
     // once per thread. The loop then needs no weight and no 64-bit compare with the label.
@@ -501,7 +702,7 @@ inline void process_row(const device T* logits, const device LabelT* labels,
       LogitBlock b;
       for (uint k = 0u; k < TFMO_LSE_BLOCK; ++k, src += stride) b.z[k] = float(*src);
       for (uint k = 0u; k < TFMO_LSE_BLOCK; ++k, dst += stride) {
-        const T value = T(scale * (math::exp(log_prob(ls, b.z[k])) * big_g));
+        const T value = T(scale * (exp_per_logit(log_prob(ls, b.z[k])) * big_g));
         *dst = c + k * stride == y ? at_label : value;
       }
     }
@@ -513,17 +714,22 @@ inline void process_row(const device T* logits, const device LabelT* labels,
       }
       for (uint k = 0u; k < TFMO_LSE_BLOCK; ++k) {
         const uint ck = c + k * stride;
-        const T value = T(scale * (math::exp(log_prob(ls, b.z[k])) * big_g));
+        const T value = T(scale * (exp_per_logit(log_prob(ls, b.z[k])) * big_g));
         if (ck < num_classes) grad_out[base + ck] = ck == y ? at_label : value;
       }
     }
     return;
   }
-  for (uint c = first; c < num_classes; c += stride) {
-    const float lp = log_prob(ls, float(logits[base + c]));
-    const float w = class_weight<LabelT, kDense>(labels, base, label, c, class_weights, params);
-    grad_out[base + c] = T(scale * class_gradient(lp, w, gamma, big_g));
-  }
+  GradientPass<T, LabelT, kDense> pass;
+  pass.row = logits + base;
+  pass.out = grad_out + base;
+  pass.stride = stride;
+  pass.weights = weights;
+  pass.ls = ls;
+  pass.gamma = gamma;
+  pass.big_g = big_g;
+  pass.scale = scale;
+  for_each_block(pass, first, stride, num_classes);
 }
 
 // ---- entry points ---------------------------------------------------------------------------

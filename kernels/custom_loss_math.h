@@ -78,6 +78,7 @@ namespace math {
 
 #if defined(__METAL__)
 inline float exp(float x) { return metal::precise::exp(x); }
+inline float exp2(float x) { return metal::precise::exp2(x); }
 inline float log(float x) { return metal::precise::log(x); }
 inline float pow(float x, float y) { return metal::precise::pow(x, y); }
 template <typename Acc>
@@ -89,6 +90,8 @@ inline Acc quiet_nan() { return Acc(NAN); }
 #else
 inline float exp(float x) { return std::exp(x); }
 inline double exp(double x) { return std::exp(x); }
+inline float exp2(float x) { return std::exp2(x); }
+inline double exp2(double x) { return std::exp2(x); }
 inline float log(float x) { return std::log(x); }
 inline double log(double x) { return std::log(x); }
 inline float pow(float x, float y) { return std::pow(x, y); }
@@ -331,6 +334,48 @@ inline RowLogSoftmax<Acc> lse_finish(LogSumExp<Acc> s) {
 template <typename Acc>
 inline Acc log_prob(RowLogSoftmax<Acc> ls, Acc z) {
   return (z - ls.max) - ls.log_sum;
+}
+
+// ---- cross-entropy (gamma = 0) from two sums the log-sum-exp walk carries ------------------
+// With gamma = 0 every class's term of -loss is w_c lp_c, and lp_c = (z_c - m) - log_sum, so
+//   loss = -sum_c w_c lp_c = W log_sum - S,   W = sum_c w_c,   S = sum_c w_c (z_c - m),
+// and the gradient is p_j W - w_j (G = W). Both need W and S beside the row's log-softmax, and
+// both sums can be taken in the same walk over the logits as the log-sum-exp: label smoothing,
+// class weights and dense targets then read each logit as often as plain cross-entropy does.
+// - S is kept relative to the running maximum m: each term is <= 0 (z_c <= m), and when m grows
+//   to m', S + W (m - m') is the same sum relative to m' (every term still <= 0). The loss is the
+//   non-negative W log_sum minus the non-positive S, a sum of like-signed parts: no cancellation
+//   however large |z| is (summing w_c z_c and subtracting W m would lose all digits at z ~ 1e4).
+// - A class with w_c == 0 adds nothing to S, also at z_c = -inf (a masked class without
+//   weight); with weight, z_c = -inf makes S = -inf and the loss +inf, the true loss.
+// - Sparse labels: q_c = (1 - eps) [c == y] + eps / C, so with A = sum_c a_c and
+//   S_a = sum_c a_c (z_c - m),  W = (1 - eps) a_y + (eps / C) A  and
+//   S = (1 - eps) a_y (z_y - m) + (eps / C) S_a: the walk sums a_c (z_c - m) and a_c alone and
+//   never compares a class with the label.
+
+// w (z - m), 0 when w == 0 (even for z = -inf).
+template <typename Acc>
+inline Acc shifted_term(Acc z, Acc max, Acc w) {
+  return w == Acc(0) ? Acc(0) : w * (z - max);
+}
+
+// S relative to old_max, given its weight W, as the same sum relative to new_max >= old_max.
+template <typename Acc>
+inline Acc shifted_sum_rebased(Acc shifted, Acc weight, Acc old_max, Acc new_max) {
+  return weight == Acc(0) ? shifted : shifted + weight * (old_max - new_max);
+}
+
+// W of a sparse row: (1 - eps) a_y + (eps / C) A; `label_weight` is (1 - eps) a_y.
+template <typename Acc>
+inline Acc sparse_total_weight(Acc label_weight, Acc smooth_off, Acc weight_sum) {
+  return label_weight + smooth_off * weight_sum;
+}
+
+// -loss = S - W log_sum (<= 0); 0 when no class carries weight (every term is 0).
+template <typename Acc>
+inline Acc cross_entropy_neg_loss(RowLogSoftmax<Acc> ls, Acc total_weight, Acc shifted) {
+  if (total_weight == Acc(0)) return Acc(0);
+  return shifted - total_weight * ls.log_sum;
 }
 
 }  // namespace tfmo
