@@ -319,6 +319,38 @@ struct ThreadgroupReduce {
     return lse_simd_reduce(part);
   }
 
+  // lse() with pass 1's V and S_v (custom_loss_math.h) behind the same barrier: each thread's S_v
+  // is moved to its SIMD-group's maximum, then each SIMD-group's to the row's. V is bitwise what
+  // sum() gives it (a gradient given row_stats sums V alone).
+  LseState lse_sums(LseState s, float shifted, float weight, thread float& shifted_total,
+                    thread float& weight_total) const {
+    const LseState group = lse_simd_reduce(s);
+    shifted = simd_sum(shifted_sum_rebased(shifted, weight, s.max, group.max));
+    weight = simd_sum(weight);
+    if (lane == 0u) {
+      scratch[sg_index] = group.max;
+      scratch[sg_count + sg_index] = group.ties;
+      scratch[2u * sg_count + sg_index] = group.others;
+      scratch[3u * sg_count + sg_index] = weight;
+      scratch[4u * sg_count + sg_index] = shifted;
+    }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    LseState part = lse_empty<float>();
+    float part_weight = 0.0f;
+    float part_shifted = 0.0f;
+    if (lane < sg_count) {
+      part.max = scratch[lane];
+      part.ties = scratch[sg_count + lane];
+      part.others = scratch[2u * sg_count + lane];
+      part_weight = scratch[3u * sg_count + lane];
+      part_shifted = scratch[4u * sg_count + lane];
+    }
+    const LseState row = lse_simd_reduce(part);
+    shifted_total = simd_sum(shifted_sum_rebased(part_shifted, part_weight, part.max, row.max));
+    weight_total = simd_sum(part_weight);
+    return row;
+  }
+
   float sum(float x) const {  // its own part of the scratch: no barrier needed before it
     x = simd_sum(x);
     if (lane == 0u) scratch[3u * sg_count + sg_index] = x;
@@ -344,6 +376,27 @@ struct ThreadgroupReduce {
 struct LaneGroupReduce {
   uint lanes;
   LseState lse(LseState s) const { return lse_group_reduce(s, lanes); }
+  // The butterfly of lse_group_reduce with V and S_v: both sides of each step are moved to the
+  // combined maximum before they are added, so the lanes stay bitwise equal.
+  LseState lse_sums(LseState s, float shifted, float weight, thread float& shifted_total,
+                    thread float& weight_total) const {
+    for (uint offset = lanes / 2; offset > 0; offset /= 2) {
+      LseState other;
+      other.max = simd_shuffle_xor(s.max, ushort(offset));
+      other.ties = simd_shuffle_xor(s.ties, ushort(offset));
+      other.others = simd_shuffle_xor(s.others, ushort(offset));
+      const float other_weight = simd_shuffle_xor(weight, ushort(offset));
+      const float other_shifted = simd_shuffle_xor(shifted, ushort(offset));
+      const LseState both = lse_combine(s, other);
+      shifted = shifted_sum_rebased(shifted, weight, s.max, both.max) +
+                shifted_sum_rebased(other_shifted, other_weight, other.max, both.max);
+      weight += other_weight;
+      s = both;
+    }
+    shifted_total = shifted;
+    weight_total = weight;
+    return s;
+  }
   float sum(float x) const { return group_sum(x, lanes); }
   void sum2(float x, float y, thread float& x_total, thread float& y_total) const {
     x_total = group_sum(x, lanes);
@@ -614,11 +667,8 @@ inline void process_row(const device T* logits, const device LabelT* labels,
       pass.weight = compensated_zero();
       pass.shifted = compensated_zero();
       for_each_block(pass, first, stride, num_classes);
-      state = reduce.lse(lse_settle(pass.lse));
-      const float weight = compensated_value(pass.weight);
-      const float shifted = shifted_sum_rebased(compensated_value(pass.shifted), weight,
-                                                pass.lse.max, state.max);
-      reduce.sum2(shifted, weight, walked_shifted, walked_weight);
+      state = reduce.lse_sums(lse_settle(pass.lse), compensated_value(pass.shifted),
+                              compensated_value(pass.weight), walked_shifted, walked_weight);
     } else {
       LogSumExpPass<T, LabelT, kDense, false> pass;
       pass.row = logits + base;
@@ -634,7 +684,7 @@ inline void process_row(const device T* logits, const device LabelT* labels,
   // Pass 2: the row's sums, -loss = sum_c w_c r_c^gamma lp_c and G = sum_c g_c, as needed.
   float loss_total = 0.0f;
   float big_g = 0.0f;
-  float lp_label = 0.0f;  // the single weighted class's lp, for pass 3
+  float lp_label = 0.0f;  // lp_y of a sparse row, for pass 3
   if (single) {
     const uint y = uint(label);
     const float w = class_weight<LabelT, kDense>(labels, base, label, y, class_weights, params);
@@ -649,9 +699,10 @@ inline void process_row(const device T* logits, const device LabelT* labels,
       const float a_y = params.has_class_weights != 0u ? class_weights[y] : 1.0f;
       const float label_weight = params.smooth_on * a_y;
       total_weight = sparse_total_weight(label_weight, params.smooth_off, walked_weight);
+      const float z_y = float(logits[base + y]);
+      lp_label = log_prob(ls, z_y);
       if (want_loss) {
-        shifted = params.smooth_off * walked_shifted +
-                  shifted_term(float(logits[base + y]), ls.max, label_weight);
+        shifted = params.smooth_off * walked_shifted + shifted_term(z_y, ls.max, label_weight);
       }
     }
     if (want_loss) loss_total = cross_entropy_neg_loss(ls, total_weight, shifted);
@@ -682,13 +733,19 @@ inline void process_row(const device T* logits, const device LabelT* labels,
 
   // Pass 3: d logits_j = scale * (p_j G - g_j), scale = upstream[row] or row_scales[row].
   const float scale = float(grad_scales[row]);
-  if (single) {
-    // g_j = 0 off y, where the gradient is p_j G (class_gradient's w == 0 case), bitwise; at y
-    // it is class_gradient of pass 2's lp_y (the same logit through the same formula) and w_y,
-    // once per thread. The loop then needs no weight and no 64-bit compare with the label.
+  if (!kDense && (single || sums_in_walk)) {
+    // Sparse labels with one weighted class, or cross-entropy (g_j = w_j): off y, g_j is
+    // a_j eps / C (0 without smoothing), where the gradient is p_j G - g_j. Without smoothing
+    // that is p_j G bitwise (class_gradient's w == 0 case; minus 0 changes no bit of a
+    // non-negative product); with it, p_j G - g_j keeps its digits where p_j (G - g_j) - g_j r_j
+    // is needed, which is at y alone (off y g_j <= eps / C max a, so g_j r_j is negligible
+    // beside p_j G when p_j is large, and 1 - p_j is not needed). At y it is class_gradient of
+    // lp_y and w_y, once per thread. The loop then needs no 64-bit compare with the label.
     const uint y = uint(label);
     const float w_y = class_weight<LabelT, kDense>(labels, base, label, y, class_weights, params);
     const T at_label = T(scale * class_gradient(lp_label, w_y, gamma, big_g));
+    const float off = params.smooth_off;
+    const bool weighted_off = off != 0.0f && params.has_class_weights != 0u;  // uniform
     const device T* src = logits + base + first;
     device T* dst = grad_out + base + first;
     uint c = first;
@@ -702,8 +759,10 @@ inline void process_row(const device T* logits, const device LabelT* labels,
       LogitBlock b;
       for (uint k = 0u; k < TFMO_LSE_BLOCK; ++k, src += stride) b.z[k] = float(*src);
       for (uint k = 0u; k < TFMO_LSE_BLOCK; ++k, dst += stride) {
-        const T value = T(scale * (exp_per_logit(log_prob(ls, b.z[k])) * big_g));
-        *dst = c + k * stride == y ? at_label : value;
+        const uint ck = c + k * stride;
+        const float g = weighted_off ? class_weights[ck] * off : off;
+        const T value = T(scale * (exp_per_logit(log_prob(ls, b.z[k])) * big_g - g));
+        *dst = ck == y ? at_label : value;
       }
     }
     if (c < num_classes) {
@@ -714,7 +773,8 @@ inline void process_row(const device T* logits, const device LabelT* labels,
       }
       for (uint k = 0u; k < TFMO_LSE_BLOCK; ++k) {
         const uint ck = c + k * stride;
-        const T value = T(scale * (exp_per_logit(log_prob(ls, b.z[k])) * big_g));
+        const float g = weighted_off && ck < num_classes ? class_weights[ck] * off : off;
+        const T value = T(scale * (exp_per_logit(log_prob(ls, b.z[k])) * big_g - g));
         if (ck < num_classes) grad_out[base + ck] = ck == y ? at_label : value;
       }
     }

@@ -378,6 +378,9 @@ FUSED_OPTIONS = {
     "weighted": ("int32", 0.0, 0.0, True, False),
     "focal_smoothed_weighted": ("int64", 0.5, 0.2, True, True),
     "dense": ("dense", 1.0, 0.1, False, False),
+    # cross-entropy whose W and S come from the log-sum-exp walk
+    "smoothed_weighted": ("int64", 0.0, 0.2, True, True),
+    "dense_cross_entropy": ("dense", 0.0, 0.1, True, False),
 }
 
 

@@ -110,6 +110,15 @@ CASES: List[dict] = [
     dict(name="ignore_class=7 in range, weights", n=41, c=45, logits=_normal(2.0), gamma=2.0,
          smoothing=0.1, ignore=7, weights=True, kinds=SPARSE),
     dict(name="partial last threadgroup", n=1000, c=10, logits=_normal(2.0), gamma=1.0),
+    # gamma = 0 with several weighted classes: W and S from the log-sum-exp walk
+    dict(name="cross-entropy, masked -inf, NaN/inf rows, smoothing", n=12, c=300,
+         logits=_masked, smoothing=0.3),
+    dict(name="cross-entropy, |z|~1e4, smoothing, weights", n=8, c=17, logits=_extreme,
+         smoothing=0.1, weights=True),
+    dict(name="cross-entropy, confident rows, smoothing", n=9, c=260, logits=_confident,
+         smoothing=0.05),
+    dict(name="cross-entropy, C=262144, smoothing, weights", n=2, c=262144,
+         logits=_normal(2.0), smoothing=0.1, weights=True),
     dict(name="grid folded into y", n=70000, c=3, logits=_normal(2.0), kinds=("int32",),
          dtypes=("float32",)),
 ]
