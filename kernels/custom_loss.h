@@ -232,6 +232,7 @@ inline float group_sum(float x, uint lanes) {
   return x;
 }
 
+
 // ---- labels ---------------------------------------------------------------------------------
 
 inline long read_sparse_label(const device int* labels, uint row) { return long(labels[row]); }
@@ -556,6 +557,36 @@ struct FocalSumsPass {
   }
 };
 
+// Pass 3 of a sparse row whose g_j off the label is a_j eps / C (0 without smoothing):
+// out_j = scale * (p_j G - g_j), and at_label at y (see process_row).
+template <typename T>
+struct SparseGradientPass {
+  const device T* row;
+  device T* out;
+  const device float* class_weights;
+  uint stride;
+  uint label;
+  RowLse ls;
+  float big_g;
+  float scale;
+  float off;          // eps / C
+  bool weighted_off;  // g_j = a_j eps / C, else eps / C
+  T at_label;
+
+  void block(uint c, uint count) {
+    LogitBlock b;
+    for (uint k = 0u; k < TFMO_LSE_BLOCK; ++k) {
+      b.z[k] = k < count ? float(row[c + k * stride]) : 0.0f;
+    }
+    for (uint k = 0u; k < TFMO_LSE_BLOCK; ++k) {
+      const uint ck = c + k * stride;
+      const float g = weighted_off && k < count ? class_weights[ck] * off : off;
+      const T value = T(scale * (exp_per_logit(log_prob(ls, b.z[k])) * big_g - g));
+      if (k < count) out[ck] = ck == label ? at_label : value;
+    }
+  }
+};
+
 // Pass 3 of a row with several weighted classes: out_j = scale * (p_j G - g_j).
 template <typename T, typename LabelT, bool kDense>
 struct GradientPass {
@@ -746,38 +777,19 @@ inline void process_row(const device T* logits, const device LabelT* labels,
     const T at_label = T(scale * class_gradient(lp_label, w_y, gamma, big_g));
     const float off = params.smooth_off;
     const bool weighted_off = off != 0.0f && params.has_class_weights != 0u;  // uniform
-    const device T* src = logits + base + first;
-    device T* dst = grad_out + base + first;
-    uint c = first;
-    // In blocks of TFMO_LSE_BLOCK, loads issued together: with one load in flight per thread, a
-    // long row's pass 3 (whose logits no cache holds by then) waits on memory latency. The last,
-    // partial block is one more block, its loads and stores guarded, rather than a loop of
-    // single elements (measured on the CUDA stand-in, tests/msl_cuda: faster at C = 1000 and
-    // 32000, the same at 128256).
-    const uint block_span = (TFMO_LSE_BLOCK - 1u) * stride;
-    for (; c < num_classes && num_classes - c > block_span; c += block_span + stride) {
-      LogitBlock b;
-      for (uint k = 0u; k < TFMO_LSE_BLOCK; ++k, src += stride) b.z[k] = float(*src);
-      for (uint k = 0u; k < TFMO_LSE_BLOCK; ++k, dst += stride) {
-        const uint ck = c + k * stride;
-        const float g = weighted_off ? class_weights[ck] * off : off;
-        const T value = T(scale * (exp_per_logit(log_prob(ls, b.z[k])) * big_g - g));
-        *dst = ck == y ? at_label : value;
-      }
-    }
-    if (c < num_classes) {
-      LogitBlock b;
-      for (uint k = 0u; k < TFMO_LSE_BLOCK; ++k) {
-        const uint ck = c + k * stride;
-        b.z[k] = ck < num_classes ? float(logits[base + ck]) : 0.0f;
-      }
-      for (uint k = 0u; k < TFMO_LSE_BLOCK; ++k) {
-        const uint ck = c + k * stride;
-        const float g = weighted_off && ck < num_classes ? class_weights[ck] * off : off;
-        const T value = T(scale * (exp_per_logit(log_prob(ls, b.z[k])) * big_g - g));
-        if (ck < num_classes) grad_out[base + ck] = ck == y ? at_label : value;
-      }
-    }
+    SparseGradientPass<T> pass;
+    pass.row = logits + base;
+    pass.out = grad_out + base;
+    pass.class_weights = class_weights;
+    pass.stride = stride;
+    pass.label = y;
+    pass.ls = ls;
+    pass.big_g = big_g;
+    pass.scale = scale;
+    pass.off = off;
+    pass.weighted_off = weighted_off;
+    pass.at_label = at_label;
+    for_each_block(pass, first, stride, num_classes);
     return;
   }
   GradientPass<T, LabelT, kDense> pass;
