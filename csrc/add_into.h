@@ -1,7 +1,7 @@
 // AddInto: `sum[row_offset : row_offset + rows of addend] += addend`, written into the sum's
 // own buffer.
 //
-// A chunked loss (tf_metal_ops/linear_loss.py) sums one d x V matrix per chunk into the kernel's
+// A chunked loss (tf_metal_ops/linear_cross_entropy.py) sums one d x V matrix per chunk into the kernel's
 // gradient, and writes each chunk's rows of the hidden states' gradient. With TensorFlow's
 // AddV2 the sum is a new d x V tensor each chunk: inside a while loop AddV2 cannot take over
 // its input, which the loop's own frame still holds, so the old sum, the chunk's product and

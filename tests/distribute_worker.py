@@ -193,7 +193,7 @@ def run_mixed(path):
     x, y = dataset_arrays()
     facts = {}
     arrays = {}
-    original_forward = ops._forward
+    original_forward = ops.forward_op
     for variant, loss_dtype in (("float32_loss", None), ("float16_loss", "mixed_float16")):
         model = build_and_compile(loss_dtype)
         seen = []
@@ -202,7 +202,7 @@ def run_mixed(path):
             seen.append(logits.dtype.name)  # the dtype the op runs on (at trace time)
             return original_forward(logits, *args)
 
-        ops._forward = recording_forward  # every path to the forward op goes through it
+        ops.forward_op = recording_forward  # every path to the forward op goes through it
         dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH)
         history = model.fit(dataset, epochs=15, verbose=0, shuffle=False)
         facts[variant] = dict(

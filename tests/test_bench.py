@@ -1,4 +1,4 @@
-"""The CPU benchmark (tf_metal_ops/bench.py): it runs and reports the documented schema.
+"""The CPU benchmark (tf_metal_ops/tools/bench/): it runs and reports the documented schema.
 
 Nothing here asserts a timing: on a shared CI machine speed proves nothing. What is checked is
 that every case, ratio and memory figure is present and sane, and that the memory floor's
@@ -16,13 +16,13 @@ import sys
 import numpy as np
 import pytest
 
-from tf_metal_ops import bench
+from tf_metal_ops.tools.bench import suite as bench
 
 
 @pytest.fixture(scope="module")
 def quick_report() -> dict:
     completed = subprocess.run(
-        [sys.executable, "-m", "tf_metal_ops.bench", "--quick", "--json", "--memory"],
+        [sys.executable, "-m", "tf_metal_ops.tools.bench", "--quick", "--json", "--memory"],
         capture_output=True, text=True, timeout=600, check=False)
     assert completed.returncode == 0, completed.stderr[-2000:]
     return json.loads(completed.stdout)
@@ -135,10 +135,10 @@ def test_bench_linear_head_section_runs_every_case():
     """`--linear-head-only --quick`: each case's memory child ran and reported memory and (for
     both fused cases and Dense + CustomLoss) the error against float64, the timing child timed
     every case in every round, and the targets are worked out."""
-    from tf_metal_ops import bench_linear_head as lh
+    from tf_metal_ops.tools.bench import linear_head as lh
 
     completed = subprocess.run(
-        [sys.executable, "-m", "tf_metal_ops.bench", "--quick", "--json", "--linear-head-only"],
+        [sys.executable, "-m", "tf_metal_ops.tools.bench", "--quick", "--json", "--linear-head-only"],
         capture_output=True, text=True, timeout=600, check=False)
     assert completed.returncode == 0, completed.stderr[-2000:]
     report = json.loads(completed.stdout)

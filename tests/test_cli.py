@@ -1,6 +1,6 @@
 """`python -m tf_metal_ops` as a user runs it: each command in a subprocess.
 
-Exit codes (tf_metal_ops/cli.py): 0 success, 1 check found a FAIL, 2 usage error, 3 environment
+Exit codes (tf_metal_ops/tools/cli.py): 0 success, 1 check found a FAIL, 2 usage error, 3 environment
 problem. Each TensorFlow start-up costs seconds on a small machine, so every slow command runs
 once and the tests share its output.
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import tf_metal_ops
-from tf_metal_ops import checks, cli, demo
+from tf_metal_ops.tools import checks, cli, demo
 
 # The directory holding the tf_metal_ops the tests import, so the subprocesses run the same
 # package (a source checkout with the library built in place, or an installed wheel).
@@ -178,7 +178,7 @@ def test_info_lists_versions_kernels_and_build():
 
 
 def test_info_json_matches_the_kernel_registry():
-    from tf_metal_ops import environment
+    from tf_metal_ops.tools import environment
     from tensorflow.python.framework import kernels
 
     info = json.loads(json.dumps(environment.describe()))  # JSON-serializable
@@ -288,7 +288,7 @@ def test_demo_prints_no_tensorflow_error_lines(default_demo):
 
 @pytest.mark.parametrize("argv, orig_argv, expected", [
     (["-m", "demo"], ["python", "-m", "tf_metal_ops", "demo"], True),
-    (["-m"], ["python", "-m", "tf_metal_ops.cli"], True),
+    (["-m"], ["python", "-m", "tf_metal_ops.tools.cli"], True),
     (["/venv/bin/tf-metal-ops", "info"], ["python", "/venv/bin/tf-metal-ops", "info"], True),
     (["-m"], ["python", "-m", "pytest"], False),
     (["train.py"], ["python", "train.py"], False),

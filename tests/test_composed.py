@@ -18,7 +18,8 @@ import pytest
 import tensorflow as tf
 
 import tf_metal_ops
-from tf_metal_ops import checks, loss_path, reference
+from tf_metal_ops import loss_path, reference
+from tf_metal_ops.tools import checks
 
 
 def _grad_fn(jit_compile: bool, **params):
@@ -455,7 +456,7 @@ def test_fit_with_jit_compile_gives_the_weights_without_it(loss_kwargs):
 
 
 def test_info_says_which_path_runs_where():
-    from tf_metal_ops import cli, environment
+    from tf_metal_ops.tools import cli, environment
 
     _grad_fn(True)(tf.zeros([2, 3]), tf.constant([0, 1]), tf.ones([2]))
     info = environment.describe()

@@ -202,7 +202,7 @@ def test_model_save_and_load_without_custom_objects(tmp_path):
         env={**os.environ, "PYTHONPATH": package_parent},
     )
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split()[-3:] == ["tf_metal_ops.losses", "CustomLoss", "2.0"]
+    assert out.stdout.split()[-3:] == ["tf_metal_ops.keras", "CustomLoss", "2.0"]
 
 
 def test_bad_arguments_are_refused_where_they_enter():

@@ -22,7 +22,7 @@ import tensorflow as tf
 
 from portable_isa import run_on_portable_isa
 from raw_ops import NO_WEIGHTS, awkward_inputs, forward, gradient
-from tf_metal_ops.losses import CustomLoss
+from tf_metal_ops import CustomLoss
 
 
 # Around the row-group limits (32 / 48 classes at 8 lanes, 24 / 32 at 4) and the vector widths.

@@ -4,72 +4,71 @@
 TensorFlow op: on the CPU everywhere, and on Apple-silicon GPUs through tensorflow-metal.
 
 Importing the package checks the installed TensorFlow's version, loads the native library and
-registers `CustomLoss` with Keras, so
-`keras.models.load_model` finds it after `import tf_metal_ops`. Without TensorFlow the package
-still imports: `tf_metal_ops.reference` (the NumPy oracle) needs only NumPy, and the other names
-raise an ImportError that says what to install (likewise for a TensorFlow older than 2.16).
+registers the gradients and the Keras classes, so `keras.models.load_model` finds them after
+`import tf_metal_ops`. Without a usable TensorFlow or native library the package still imports:
+`tf_metal_ops.reference` (the NumPy oracle) needs only NumPy, `python -m tf_metal_ops info` can
+explain what is missing, and every other public name raises that explanation as an ImportError
+when it is used.
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
-from tf_metal_ops import _command_line, _native
+from tf_metal_ops import _command_line, _native, reference
 
-_command_line.quiet_tensorflow_log_for_command()  # before anything loads TensorFlow
+_command_line.quiet_tensorflow_log_for_command()  # before _native.load() imports TensorFlow
 
 __version__ = "0.1.0"
 
-_installed = _native.installed_tensorflow_version()
+# The public names that need TensorFlow and the native library.
+_NATIVE_API = (
+    "CustomLoss",
+    "LinearCrossEntropyHead",
+    "PerTokenLoss",
+    "build_info",
+    "commit_and_wait",
+    "compare_devices",
+    "custom_loss",
+    "get_commit_mode",
+    "get_cpu_threads",
+    "linear_cross_entropy",
+    "loss_path_info",
+    "metal_available",
+    "reduced_custom_loss",
+    "set_commit_mode",
+    "set_cpu_threads",
+    "value_and_gradients",
+)
 
-# Public name -> module that defines it (imported on first access).
-_LAZY_ATTRIBUTES = {
-    "custom_loss": "tf_metal_ops.ops",
-    "linear_cross_entropy": "tf_metal_ops.linear_loss",
-    "LinearCrossEntropyHead": "tf_metal_ops.head",
-    "PerTokenLoss": "tf_metal_ops.head",
-    "CustomLoss": "tf_metal_ops.losses",
-    "compare_devices": "tf_metal_ops.compare",
-    "set_commit_mode": "tf_metal_ops.runtime",
-    "get_commit_mode": "tf_metal_ops.runtime",
-    "commit_and_wait": "tf_metal_ops.runtime",
-    "metal_available": "tf_metal_ops.runtime",
-    "set_cpu_threads": "tf_metal_ops.runtime",
-    "get_cpu_threads": "tf_metal_ops.runtime",
-    "loss_path_info": "tf_metal_ops.loss_path",
-    "build_info": "tf_metal_ops._native",
-    "value_and_gradients": "tf_metal_ops.compare",
-}
-_SUBMODULES = ("reference", "debug", "ops", "losses", "compare", "runtime", "composed",
-               "loss_path", "linear_loss", "head")
+__all__ = sorted(_NATIVE_API) + ["reference"]
 
-__all__ = sorted(_LAZY_ATTRIBUTES) + list(_SUBMODULES)
+try:
+    _native.load()
+except ImportError as _error:
+    _unavailable: "ImportError | None" = _error
+else:
+    _unavailable = None
+    from tf_metal_ops import composed, debug, loss_path
+    from tf_metal_ops._native import build_info
+    from tf_metal_ops.compare import compare_devices, value_and_gradients
+    from tf_metal_ops.keras import CustomLoss, LinearCrossEntropyHead, PerTokenLoss
+    from tf_metal_ops.linear_cross_entropy import linear_cross_entropy
+    from tf_metal_ops.loss_path import loss_path_info
+    from tf_metal_ops.ops import custom_loss, reduced_custom_loss
+    from tf_metal_ops.runtime import (
+        commit_and_wait,
+        get_commit_mode,
+        get_cpu_threads,
+        metal_available,
+        set_commit_mode,
+        set_cpu_threads,
+    )
 
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY_ATTRIBUTES:
-        _native.load()  # without TensorFlow: an ImportError that says what to install
-        value = getattr(importlib.import_module(_LAZY_ATTRIBUTES[name]), name)
-        globals()[name] = value
-        return value
-    if name in _SUBMODULES:
-        return importlib.import_module(f"tf_metal_ops.{name}")
+    # Reached only for names the imports above did not bind: without TensorFlow or the native
+    # library, the public names raise the sentence that says what to install.
+    if name in _NATIVE_API and _unavailable is not None:
+        raise _native.NativeLibraryError(str(_unavailable)) from _unavailable
     raise AttributeError(f"module 'tf_metal_ops' has no attribute {name!r}")
-
-
-def __dir__() -> list:
-    return sorted(set(globals()) | set(__all__))
-
-
-if _installed is not None:
-    # Eager with TensorFlow present: checks its version, loads the native library, registers the
-    # gradient and the Keras serializable class. A broken environment (TensorFlow too old or
-    # unimportable, the native library missing) does not fail the import, so that
-    # `python -m tf_metal_ops info` can still run and explain it in one sentence; every name that
-    # needs the library raises that sentence as an ImportError when it is used.
-    try:
-        for _name in _LAZY_ATTRIBUTES:
-            __getattr__(_name)
-    except ImportError:
-        pass

@@ -16,12 +16,18 @@ import os
 import warnings
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 MIN_TENSORFLOW = (2, 16)  # the first TensorFlow with Keras 3
 NEWEST_TESTED_TENSORFLOW = (2, 21)
 LIBRARY_STEM = "_tf_metal_ops"
 COMMIT_AND_WAIT_ENV = "TF_METAL_OPS_COMMIT_AND_WAIT"
+# The ops the library registers (csrc/ops.cc), namespaced in TensorFlow's registry.
+FORWARD_OP = "TfMetalOps>CustomLoss"
+GRADIENT_OP = "TfMetalOps>CustomLossGrad"
+LOSS_OPS = (FORWARD_OP, GRADIENT_OP)
+# TensorFlow's short names for the DataType enum values our attrs use.
+_DTYPE_NAMES = {1: "float", 2: "double", 3: "int32", 9: "int64", 14: "bfloat16", 19: "half"}
 
 
 class NativeLibraryError(ImportError):
@@ -108,6 +114,26 @@ def op_module() -> ModuleType:
 
 def runtime() -> ModuleType:
     return load()[1]
+
+
+def registered_kernels(op_name: str) -> List[Dict[str, Any]]:
+    """The kernels TensorFlow's registry holds for `op_name`: device type, dtype constraints and
+    host-memory arguments. Asks the registry itself (not our build flags): a GPU kernel appears
+    only when the Metal kernels were compiled in and registered.
+
+    Raises ImportError or AttributeError where this TensorFlow moved its (private) registry
+    query.
+    """
+    from tensorflow.python.framework import kernels  # noqa: PLC0415 - private, callers guard
+
+    out = []
+    for kernel in kernels.get_registered_kernels_for_op(op_name).kernel:
+        constraints = {}
+        for c in kernel.constraint:
+            constraints[c.name] = [_DTYPE_NAMES.get(t, str(t)) for t in c.allowed_values.list.type]
+        out.append({"device_type": kernel.device_type, "constraints": constraints,
+                    "host_memory_args": list(kernel.host_memory_arg)})
+    return out
 
 
 def build_info() -> Dict[str, Any]:

@@ -3,7 +3,7 @@
 Inside an XLA compilation (`jit_compile=True`) and on a device with no kernel of ours (a CUDA
 GPU, a TPU; see `tf_metal_ops.loss_path`), `custom_loss` builds this instead of the native op,
 as MLX's fast ops pair a fused kernel with a composed fallback of the same function. The
-formulas and the numerics are the native kernels' (csrc/cpu/row_loss.h derives them):
+formulas and the numerics are the native kernels' (kernels/custom_loss_math.h derives them):
 
     log p = (z - m) - log_sum                stable; m the row maximum, started at the lowest
                                              finite value; log_sum = log1p(others + ties - 1)
@@ -40,13 +40,11 @@ from typing import Optional
 import numpy as np
 import tensorflow as tf
 
-
-def _accumulator(dtype: tf.DType) -> tf.DType:
-    return tf.float64 if dtype == tf.float64 else tf.float32
+from tf_metal_ops.loss_inputs import LossInputs, report_bad_label, sum_dtype
 
 
 def _row_log_softmax(z: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-    """(m, log_sum) per row, such that log p = (z - m) - log_sum (csrc/cpu/row_loss.h)."""
+    """(m, log_sum) per row, such that log p = (z - m) - log_sum (kernels/custom_loss_math.h)."""
     lowest = np.finfo(z.dtype.as_numpy_dtype).min
     # Started at the lowest finite value, so a row of -inf logits never forms -inf - (-inf).
     m = tf.maximum(tf.reduce_max(z, axis=-1), lowest)
@@ -77,11 +75,6 @@ def _not_zero(w: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
     """w * values, with 0 where w is 0 (a masked class that carries no weight adds nothing,
     not 0 * -inf)."""
     return tf.where(w == 0, tf.zeros_like(values), w * values)
-
-
-def _example_index(flat_index: int, shape: tuple) -> str:
-    index = np.unravel_index(flat_index, shape) if shape else ()
-    return "labels[" + ", ".join(str(int(k)) for k in index) + "]"
 
 
 def _class_ids(labels: tf.Tensor, logits: tf.Tensor, ignore_class: Optional[int],
@@ -125,25 +118,8 @@ def _class_ids(labels: tf.Tensor, logits: tf.Tensor, ignore_class: Optional[int]
 def _raise_on_bad_labels(labels: tf.Tensor, bad: tf.Tensor, num_classes: tf.Tensor,
                          ignore_class: Optional[int]) -> None:
     also = "" if ignore_class is None else f" nor ignore_class ({ignore_class})"
-    if tf.executing_eagerly():
-        flat = bad.numpy().reshape(-1)
-        if flat.any():
-            first = int(np.flatnonzero(flat)[0])
-            value = labels.numpy().reshape(-1)[first]
-            value = value.item() if labels.dtype.is_floating else int(value)
-            raise tf.errors.InvalidArgumentError(
-                None, None,
-                f"custom_loss: {_example_index(first, tuple(labels.shape))} = {value} is not a "
-                f"class id in [0, {int(num_classes)}){also}")
-        return
-    flat_bad = tf.reshape(bad, [-1])
-    # A sentinel keeps argmax and gather defined for an empty batch.
-    first = tf.argmax(tf.concat([tf.cast(flat_bad, tf.int32), [1]], 0), output_type=tf.int64)
-    flat_labels = tf.concat([tf.reshape(labels, [-1]), tf.zeros([1], labels.dtype)], 0)
-    tf.debugging.Assert(
-        tf.logical_not(tf.reduce_any(bad)),
-        ["custom_loss: labels.flat[", first, "] =", tf.gather(flat_labels, first),
-         "is not a class id in [0, C) with C =", num_classes, also])
+    report_bad_label(labels, bad, "custom_loss",
+                     ["is not a class id in [0, ", num_classes, f"){also}"])
 
 
 def _weights_ok(class_weights: tf.Tensor, num_classes: tf.Tensor, can_raise: bool) -> tf.Tensor:
@@ -191,7 +167,7 @@ def custom_loss(
         The per-example loss, shape `logits.shape[:-1]`, dtype of `logits`; differentiable with
         respect to `logits` by the analytic gradient.
     """
-    acc = _accumulator(logits.dtype)
+    acc = sum_dtype(logits.dtype)
     # The native op receives both as float32 attributes; the same rounding here.
     gamma = float(np.float32(gamma))
     eps = float(np.float32(label_smoothing))
@@ -299,3 +275,13 @@ def custom_loss(
         return tf.cast(loss, logits_in.dtype), gradient
 
     return loss_of(logits)
+
+
+def losses(logits: tf.Tensor, inputs: LossInputs) -> tf.Tensor:
+    """`custom_loss` for inputs that `tf_metal_ops.loss_inputs.prepare` checked."""
+    options = inputs.options
+    return custom_loss(
+        logits, inputs.labels, dense=inputs.dense,
+        class_weights=inputs.class_weights if inputs.weighted else None,
+        gamma=options.gamma, label_smoothing=options.label_smoothing,
+        ignore_class=options.ignore_class, can_raise=inputs.can_raise)

@@ -23,12 +23,12 @@ from typing import Any, Dict, Iterable, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
+from tf_metal_ops import _native, runtime
+
 NATIVE = "native"
 COMPOSED_XLA = "composed (XLA)"
 COMPOSED_DEVICE = "composed (device)"
 PATHS = (NATIVE, COMPOSED_XLA, COMPOSED_DEVICE)
-
-FORWARD_OP = "TfMetalOps>CustomLoss"
 
 # Whether the graph being built is compiled by XLA: TensorFlow's own test (its XLA control-flow
 # context, set by tf.function(jit_compile=True) and inherited by functions called inside it).
@@ -98,12 +98,8 @@ def kernel_device_types() -> Tuple[str, ...]:
     """Device types with a kernel of our forward op in TensorFlow's registry (filled when the
     native library loaded, so it does not change afterwards)."""
     try:
-        from tensorflow.python.framework import kernels  # noqa: PLC0415 - private, guarded
-
-        found = {k.device_type for k in kernels.get_registered_kernels_for_op(FORWARD_OP).kernel}
+        found = {k["device_type"] for k in _native.registered_kernels(_native.FORWARD_OP)}
     except (ImportError, AttributeError):  # pragma: no cover - the registry query moved
-        from tf_metal_ops import runtime  # noqa: PLC0415
-
         found = {"CPU", "GPU"} if runtime.metal_available() else {"CPU"}
     return tuple(sorted(found))
 

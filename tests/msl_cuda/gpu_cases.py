@@ -4,7 +4,7 @@
     tfmo_cuda_main cases CUBIN DIR/*  # (run_on_gpu.sh) the kernels write output.bin there
     python gpu_cases.py check DIR    # compare; prints one line per failure and a summary
 
-The matrix follows `python -m tf_metal_ops check` (tf_metal_ops/checks.py: C = 1, odd C, 50257,
+The matrix follows `python -m tf_metal_ops check` (tf_metal_ops/tools/checks.py: C = 1, odd C, 50257,
 masked -inf classes, |z| ~ 1e4, confident rows, ignore_class, a NaN row) and the emulator tests
 (tests/test_msl_emulator.py: all -inf / +inf rows, ties, bad labels and the error record), with
 C = 262144 and a grid folded into two dimensions added, for every kernel variant (rowtg,

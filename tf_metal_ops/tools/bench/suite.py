@@ -39,7 +39,7 @@ Usage:
                                  [--memory-size 65536x1000]
                                  [--linear-head | --linear-head-only]
 
-`--linear-head` adds the section of tf_metal_ops/bench_linear_head.py (linear_cross_entropy
+`--linear-head` adds the section of tf_metal_ops/tools/bench/linear_head.py (linear_cross_entropy
 against Dense(V) + CustomLoss and Dense(V) + Keras's sparse cross-entropy: memory, time and
 error against float64, N = 8192, d = 512, V in {32000, 128256}; tiny sizes with `--quick`);
 `--linear-head-only` runs that section alone.
@@ -53,13 +53,13 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from tf_metal_ops import bench_linear_head
-from tf_metal_ops._arguments import non_negative_int, positive_int
+from tf_metal_ops.tools.arguments import non_negative_int, positive_int
+from tf_metal_ops.tools.bench import linear_head as bench_linear_head
+from tf_metal_ops.tools.bench.process import reset_peak_rss, run_child, status_kib
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -372,27 +372,6 @@ _MEMORY_CHILD_FLAG = "--_memory-child"
 _LM_HEAD_CHILD_FLAG = "--_lm-head-memory-child"
 
 
-def _status_kib(field: str) -> Optional[int]:
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
-def _reset_peak_rss() -> bool:
-    """Linux: writing 5 to clear_refs resets the peak resident size (VmHWM) to the current."""
-    try:
-        with open("/proc/self/clear_refs", "w") as clear_refs:
-            clear_refs.write("5")
-        return True
-    except OSError:
-        return False
-
-
 def _memory_child(case: str, rows: int, cols: int) -> Dict[str, Any]:
     """Runs in a fresh process: one warm-up step, then measures a second step's peak."""
     import resource
@@ -403,12 +382,12 @@ def _memory_child(case: str, rows: int, cols: int) -> Dict[str, Any]:
     loss.numpy()
     del loss, grad
     gc.collect()
-    if _reset_peak_rss():
+    if reset_peak_rss():
         method = "VmHWM after clear_refs minus VmRSS before the step"
-        before = _status_kib("VmRSS")
+        before = status_kib("VmRSS")
         loss, grad = step(logits)
         loss.numpy()
-        peak = _status_kib("VmHWM")
+        peak = status_kib("VmHWM")
         # The measured step is the first to write into the buffer the warm-up step set aside
         # for it, so its faults count; from then on that buffer stays between steps.
         del loss, grad
@@ -453,30 +432,19 @@ def _lm_head_memory_child(case: str, rows: int, hidden: int, cols: int) -> Dict[
 
     step().numpy()
     gc.collect()
-    if not _reset_peak_rss():
+    if not reset_peak_rss():
         raise RuntimeError("the LM-head memory figure needs Linux's /proc/self/clear_refs")
-    before = _status_kib("VmRSS")
+    before = status_kib("VmRSS")
     for _ in range(LM_HEAD_STEPS):
         step().numpy()
-    peak = _status_kib("VmHWM")
+    peak = status_kib("VmHWM")
     return {"case": case, "extra_bytes": 1024 * (peak - before),
             "method": f"VmHWM after clear_refs minus VmRSS before {LM_HEAD_STEPS} steps"}
 
 
-def run_child(arguments: Sequence[str]) -> Tuple[Dict[str, Any], str]:
-    """Runs `python -m tf_metal_ops.bench ARGUMENTS` in a fresh process; returns the last JSON
-    line it printed and "", or {} and the last line of its stderr where it failed."""
-    completed = subprocess.run([sys.executable, "-m", "tf_metal_ops.bench", *arguments],
-                               capture_output=True, text=True, check=False)
-    lines = [l for l in completed.stdout.splitlines() if l.startswith("{")]
-    if completed.returncode != 0 or not lines:
-        return {}, (completed.stderr.strip().splitlines() or ["no output"])[-1]
-    return json.loads(lines[-1]), ""
-
-
 def _memory_children(flag: str, cases: Sequence[str], size: str, label: str,
                      progress: _Progress, result: Dict[str, Any]) -> None:
-    """Runs each case's memory child (`python -m tf_metal_ops.bench FLAG CASE SIZE`) in a
+    """Runs each case's memory child (`python -m tf_metal_ops.tools.bench FLAG CASE SIZE`) in a
     fresh process and files its extra bytes, its method, or its error in `result`."""
     for case in cases:
         child, failure = run_child([flag, case, size])
@@ -720,6 +688,3 @@ def run_and_print(args: argparse.Namespace) -> int:
         print(format_table(report))
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -190,9 +190,9 @@ def run_demo(epochs: int | None = None, seed: int = 0, plot_path: str | None = N
     import numpy as np  # noqa: PLC0415
     import tensorflow as tf  # noqa: PLC0415
 
-    from tf_metal_ops import environment, loss_path  # noqa: PLC0415
-
     import tf_metal_ops  # noqa: PLC0415
+    from tf_metal_ops import loss_path  # noqa: PLC0415
+    from tf_metal_ops.tools import environment  # noqa: PLC0415
 
     keras.utils.set_random_seed(seed)
     if jit_compile is not True:

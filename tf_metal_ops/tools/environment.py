@@ -18,13 +18,8 @@ import sys
 from types import ModuleType
 from typing import Any
 
-from tf_metal_ops._native import installed_tensorflow_distribution
-
-# Our ops, as named in TensorFlow's registry (csrc/problem.h).
-OP_NAMES = ("TfMetalOps>CustomLoss", "TfMetalOps>CustomLossGrad")
-
-# TensorFlow's short names for the DataType enum values our attrs use.
-_DTYPE_NAMES = {1: "float", 2: "double", 3: "int32", 9: "int64", 14: "bfloat16", 19: "half"}
+from tf_metal_ops._native import LOSS_OPS as OP_NAMES
+from tf_metal_ops._native import installed_tensorflow_distribution, registered_kernels
 
 
 class EnvironmentProblem(Exception):
@@ -85,25 +80,6 @@ def distribution_version(name: str) -> str | None:
 def _tensorflow_distribution() -> str | None:
     found = installed_tensorflow_distribution()
     return None if found is None else f"{found[0]} {found[1]}"
-
-
-def registered_kernels(op_name: str) -> list[dict[str, Any]]:
-    """The kernels TensorFlow's registry holds for `op_name`: device type and dtype constraints.
-
-    Asks the registry itself (not our build flags): a GPU kernel appears only when the Metal
-    part of the library really registered one with TensorFlow.
-    """
-    from tensorflow.python.framework import kernels  # noqa: PLC0415
-
-    out = []
-    for kernel in kernels.get_registered_kernels_for_op(op_name).kernel:
-        constraints = {}
-        for c in kernel.constraint:
-            types = [_DTYPE_NAMES.get(t, str(t)) for t in c.allowed_values.list.type]
-            constraints[c.name] = types
-        out.append({"device_type": kernel.device_type, "constraints": constraints,
-                    "host_memory_args": list(kernel.host_memory_arg)})
-    return out
 
 
 def kernel_devices(op_name: str) -> list[str]:

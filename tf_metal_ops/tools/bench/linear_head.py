@@ -35,6 +35,8 @@ import statistics
 import time
 from typing import Any, Dict, List, Sequence, Tuple
 
+from tf_metal_ops.tools.bench.process import reset_peak_rss, run_child, status_kib
+
 CASES = (
     ("fused", "tf_metal_ops.linear_cross_entropy(labels, h, W, b)"),
     ("fused_d_rows", "the same with chunk_size=d (whole kernel products)"),
@@ -141,7 +143,6 @@ def _run_step(step, args) -> float:
 def child(case: str, rows: int, hidden: int, classes: int, steps: int) -> Dict[str, Any]:
     """Runs in a fresh process: a warm-up and `steps` steps, their peak extra memory, and
     (but for dense_keras) the errors against float64."""
-    from tf_metal_ops.bench import _reset_peak_rss, _status_kib
 
     arrays = _inputs(rows, hidden, classes)
     args = _arguments(*arrays)
@@ -151,12 +152,12 @@ def child(case: str, rows: int, hidden: int, classes: int, steps: int) -> Dict[s
     # any step ran, and the first step is inside the measured peak.
     step.get_concrete_function(*args)
     gc.collect()
-    if not _reset_peak_rss():
+    if not reset_peak_rss():
         raise RuntimeError("the linear-head memory figure needs Linux's /proc/self/clear_refs")
-    before = _status_kib("VmRSS")
+    before = status_kib("VmRSS")
     for _ in range(steps + 1):
         _run_step(step, args)
-    peak = _status_kib("VmHWM")
+    peak = status_kib("VmHWM")
     result: Dict[str, Any] = {"case": case, "extra_bytes": 1024 * (peak - before)}
     if case != "dense_keras":
         result["errors"] = errors(case, *arrays)
@@ -184,7 +185,6 @@ def measure(rows: int, hidden: int, classes: Sequence[int], steps: int, rounds: 
             progress=None) -> Dict[str, Any]:
     """The section: every case at every vocabulary size, memory in a child process per case,
     times in one child per size."""
-    from tf_metal_ops.bench import run_child
 
     results: Dict[str, Any] = {
         "rows": rows, "hidden": hidden, "steps": steps, "rounds": rounds, "dtype": "float32",

@@ -43,26 +43,22 @@ import numpy as np
 import tensorflow as tf
 
 from tf_metal_ops import _native, composed, loss_path
-from tf_metal_ops.ops import (
+from tf_metal_ops.loss_inputs import (
+    LossInputs,
+    LossOptions,
     TensorLike,
-    _class_weights_tensor,
-    _dense_labels,
-    _forward,
-    _forward_surely_makes_the_gradient,
-    _is_dense,
-    _check_sparse_shape,
-    _sparse_labels,
-    check_gamma,
-    check_ignore_class,
-    check_label_smoothing,
+    prepare,
+    report_bad_label,
+    sum_dtype,
 )
+from tf_metal_ops.ops import forward_op, forward_writes_gradient, gradient_op
 
 REDUCTIONS = ("mean", "sum", None)
 # The default chunk holds about this many bytes of logits (float32). Smaller chunks cost time:
 # each adds h_c^T g_c, a d x V product, into dW. Larger ones cost more memory than their own
 # size: where TensorFlow's CPU allocator pools memory (the oneDNN build's, on by default on
 # recent x86 CPUs), a step's chunk-sized buffers (logits, gradient, matmul outputs) settle in
-# its pool side by side, several chunks' worth (measured: 5 to 8 at d = 512).
+# its pool side by side, several chunks' worth (docs/performance.md has the figures).
 DEFAULT_CHUNK_BYTES = 32 * 2**20
 HIDDEN_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
 # Summed in place, a chunk of fewer than d rows makes its d kernel product in vocabulary blocks
@@ -138,28 +134,20 @@ def _checked_inputs(hidden: TensorLike, kernel: TensorLike, bias: Optional[Tenso
     return h, w, b
 
 
-def _sum_dtype(dtype: tf.DType) -> tf.DType:
-    return tf.float64 if dtype == tf.float64 else tf.float32
-
-
 def _pad_rows(tensor: tf.Tensor, padded_rows: tf.Tensor) -> tf.Tensor:
     extra = padded_rows - tf.shape(tensor)[0]
     paddings = tf.concat([[[0, extra]], tf.zeros([tf.rank(tensor) - 1, 2], tf.int32)], 0)
     return tf.pad(tensor, paddings)
 
 
-class _Problem:
-    """Everything a chunk needs that does not change from chunk to chunk."""
+class _ChunkLoss:
+    """The loss of one chunk of logits, and everything else that is the same for every chunk."""
 
-    def __init__(self, dense: bool, class_weights: Optional[TensorLike], weights_t: tf.Tensor,
-                 attrs: dict, native: bool, can_raise: bool, compute_dtype: tf.DType,
-                 sums_in_place: bool, kernel_blocks: int) -> None:
-        self.dense = dense
-        self.class_weights = class_weights
-        self.weights_t = weights_t
-        self.attrs = attrs
-        self.native = native
-        self.can_raise = can_raise
+    def __init__(self, inputs: LossInputs, compute_dtype: tf.DType, sums_in_place: bool,
+                 kernel_blocks: int) -> None:
+        self.inputs = inputs  # the labels: all rows, each chunk's are passed to the methods
+        self.native = inputs.native
+        self.can_raise = inputs.can_raise
         self.compute_dtype = compute_dtype
         self.sums_in_place = sums_in_place
         self.kernel_blocks = kernel_blocks  # see _kernel_gradient_blocks
@@ -183,9 +171,9 @@ class _Problem:
                 losses = self._composed(z, y)
                 total = tf.reduce_sum(tf.cast(losses, scales.dtype) * scales)
             return tf.cast(losses, scales.dtype), tape.gradient(total, z)
-        loss, row_stats, scaled = _forward(z, y, self.weights_t, tf.cast(scales, tf.float32),
-                                           self.attrs)
-        if not _forward_surely_makes_the_gradient(z):
+        loss, row_stats, scaled = forward_op(z, self._with_labels(y),
+                                             tf.cast(scales, tf.float32))
+        if not forward_writes_gradient(z):
             # The forward may make no gradient (float64, a Metal kernel): then the gradient op.
             made = tf.equal(tf.size(scaled), tf.size(z))
             scaled = tf.cond(made, lambda: tf.reshape(scaled, tf.shape(z)),
@@ -196,7 +184,7 @@ class _Problem:
         """(per-row loss, the row statistics the gradient op reuses, or None when composed)."""
         if not self.native:
             return self._composed(z, y), None
-        loss, row_stats, _ = _forward(z, y, self.weights_t, None, self.attrs)
+        loss, row_stats, _ = forward_op(z, self._with_labels(y), None)
         return loss, row_stats
 
     def gradient(self, z: tf.Tensor, y: tf.Tensor, upstream: tf.Tensor,
@@ -207,17 +195,13 @@ class _Problem:
                 tape.watch(z)
                 losses = self._composed(z, y)
             return tape.gradient(losses, z, output_gradients=tf.cast(upstream, losses.dtype))
-        return _native.op_module().tf_metal_ops_custom_loss_grad(
-            logits=z, labels=y, class_weights=self.weights_t, upstream=tf.cast(upstream, z.dtype),
-            row_stats=row_stats, **self.attrs)
+        return gradient_op(z, self._with_labels(y), upstream, row_stats)
+
+    def _with_labels(self, y: tf.Tensor) -> LossInputs:
+        return self.inputs._replace(labels=y)
 
     def _composed(self, z: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
-        return composed.custom_loss(
-            z, y, dense=self.dense,
-            class_weights=None if self.class_weights is None else self.weights_t,
-            gamma=self.attrs["gamma"], label_smoothing=self.attrs["label_smoothing"],
-            ignore_class=self.attrs["ignore_class"] if self.attrs["has_ignore_class"] else None,
-            can_raise=self.can_raise)
+        return composed.losses(z, self._with_labels(y))
 
 
 def _runs_on_cpu(hidden: tf.Tensor) -> bool:
@@ -240,27 +224,16 @@ def _valid_rows(labels: tf.Tensor, dense: bool, ignore_class: Optional[int]) -> 
 def _check_class_ids(labels: tf.Tensor, num_classes: tf.Tensor,
                      ignore_class: Optional[int]) -> tf.Tensor:
     """Raises (at run time) for a class id outside [0, V) that is not ignore_class, naming its
-    index among all the rows: the native op would only know its index within its chunk."""
+    index among all the labels: the native op would only know its index within its chunk."""
     ids = tf.cast(labels, tf.int64)
     good = tf.logical_and(ids >= 0, ids < tf.cast(num_classes, tf.int64))
     if ignore_class is not None:
         good = tf.logical_or(good, tf.equal(ids, ignore_class))
-    if tf.executing_eagerly():
-        bad = np.flatnonzero(~good.numpy())
-        if bad.size:
-            raise tf.errors.InvalidArgumentError(
-                None, None,
-                f"linear_cross_entropy: labels (flattened) [{int(bad[0])}] = "
-                f"{int(ids.numpy()[bad[0]])} is not a class id in [0, {int(num_classes)})"
-                + ("" if ignore_class is None else f" nor ignore_class={ignore_class}"))
+    also = "" if ignore_class is None else f" nor ignore_class ({ignore_class})"
+    check = report_bad_label(labels, tf.logical_not(good), "linear_cross_entropy",
+                             ["is not a class id in [0, ", num_classes, f"){also}"])
+    if check is None:
         return labels
-    first = tf.argmax(tf.concat([tf.cast(tf.logical_not(good), tf.int32), [1]], 0),
-                      output_type=tf.int64)
-    check = tf.debugging.Assert(
-        tf.reduce_all(good),
-        ["linear_cross_entropy: labels (flattened) [", first, "] =",
-         tf.gather(tf.concat([ids, [0]], 0), first), "is not a class id in [0,", num_classes,
-         ")" if ignore_class is None else f") nor ignore_class={ignore_class}"])
     with tf.control_dependencies([check]):
         return tf.identity(labels)
 
@@ -301,9 +274,9 @@ def linear_cross_entropy(
             none), `"sum"`, or None (per-row losses of shape `hidden.shape[:-1]`).
         chunk_size: rows of logits made at once; default: about 32 MiB of float32 logits,
             or d / 2 rows where that is more (`default_chunk_size`), at most the number of
-            rows. With at least d rows each chunk's d kernel product is made whole, which was
-            faster with oneDNN on (not at V = 32000 with it off) and holds that d x V product,
-            not a block of it, beside the sum (the README gives both figures).
+            rows. With at least d rows each chunk's d kernel product is made whole: no
+            copies of the gradient's columns, but that d x V product, not a block of it, is
+            held beside the sum (docs/performance.md compares both).
         name: optional name scope.
 
     Returns:
@@ -315,16 +288,15 @@ def linear_cross_entropy(
         ValueError: shapes that do not match (each is named), a bad option (gamma,
             label_smoothing, class_weights, reduction, chunk_size: the value is named).
         tf.errors.InvalidArgumentError: at run time, a class id outside `[0, num_classes)` that
-            is not `ignore_class` (its index in the flattened labels and its value).
+            is not `ignore_class` (its index in the labels and its value).
 
     Differentiable with respect to `hidden`, `kernel` and `bias` (labels and class weights get
     no gradient). Inside an XLA compilation, and on a device without kernels of ours, each
     chunk runs the composed loss (`tf_metal_ops.composed`), where a bad class id gives its row
     a NaN loss instead of an error.
     """
-    gamma = check_gamma(gamma)
-    label_smoothing = check_label_smoothing(label_smoothing)
-    ignore_class = check_ignore_class(ignore_class)
+    options = LossOptions.checked(gamma, label_smoothing, ignore_class)
+    ignore_class = options.ignore_class
     reduction = check_reduction(reduction)
     chunk_size = check_chunk_size(chunk_size)
     with tf.name_scope(name or "linear_cross_entropy"):
@@ -333,58 +305,39 @@ def linear_cross_entropy(
         num_classes = w.shape[1]
         # What the logits would be, for the label and class-weight checks custom_loss makes.
         logits_spec = tf.TensorSpec(h.shape[:-1].concatenate([num_classes]), compute_dtype)
-        labels_t = tf.convert_to_tensor(labels)
-        dense = _is_dense(labels_t, logits_spec)
-        if dense and ignore_class is not None:
-            raise ValueError(
-                f"ignore_class={ignore_class} applies to class-id labels only, but the "
-                f"labels are dense targets (shape {labels_t.shape})")
-        path, reason = loss_path.choose(h)
-        loss_path.record(path, reason)
-        native = path == loss_path.NATIVE
-        can_raise = path != loss_path.COMPOSED_XLA
-        if dense:
-            labels_t = _dense_labels(labels_t, logits_spec)
-        elif native:
-            labels_t = _sparse_labels(labels_t, logits_spec)
-        else:
-            _check_sparse_shape(labels_t, logits_spec)  # values: checked by the composed path
-        weights_t = _class_weights_tensor(class_weights, logits_spec)
-        attrs = dict(gamma=gamma, label_smoothing=label_smoothing,
-                     has_ignore_class=ignore_class is not None,
-                     ignore_class=0 if ignore_class is None else ignore_class)
+        inputs = prepare(labels, logits_spec, options, class_weights, placed_with=h)
+        labels_t, dense, native = inputs.labels, inputs.dense, inputs.native
 
         rows_shape = tf.shape(h)[:-1]
         d = tf.shape(h)[-1]
         h2 = tf.reshape(h, [-1, h.shape[-1] if h.shape[-1] is not None else d])
         v_dynamic = tf.shape(w)[1]
+        if not dense and inputs.can_raise:
+            labels_t = _check_class_ids(labels_t, v_dynamic, ignore_class)
         flat_labels = (tf.reshape(labels_t, [-1, num_classes if num_classes is not None
                                              else v_dynamic]) if dense
                        else tf.reshape(labels_t, [-1]))
-        if not dense and can_raise:
-            flat_labels = _check_class_ids(flat_labels, v_dynamic, ignore_class)
         static_rows = h2.shape[0]
         if chunk_size is None:
             chunk_size = default_chunk_size(num_classes or 1, static_rows, h.shape[-1])
         elif static_rows:
             chunk_size = min(chunk_size, static_rows)
-        problem = _Problem(dense, class_weights, weights_t, attrs, native, can_raise,
-                           compute_dtype,
-                           native and compute_dtype in (tf.float32, tf.float64)
-                           and _runs_on_cpu(h),
-                           _kernel_gradient_blocks(w.shape, chunk_size))
+        problem = _ChunkLoss(inputs._replace(labels=flat_labels), compute_dtype,
+                             native and compute_dtype in (tf.float32, tf.float64)
+                             and _runs_on_cpu(h),
+                             _kernel_gradient_blocks(w.shape, chunk_size))
         if static_rows is None:
             # A batch of unknown size (Keras traces fit with one) is not padded to a chunk
             # much larger than itself: the chunk is no more than the rows, at run time.
             chunk_size = tf.minimum(chunk_size, tf.maximum(tf.shape(h2)[0], 1))
-        sum_dtype = _sum_dtype(compute_dtype)
-        valid = tf.cast(_valid_rows(flat_labels, dense, ignore_class), sum_dtype)
+        total_dtype = sum_dtype(compute_dtype)
+        valid = tf.cast(_valid_rows(flat_labels, dense, ignore_class), total_dtype)
         if reduction == "mean":
             scales = tf.math.divide_no_nan(valid, tf.reduce_sum(valid))
         else:
             scales = tf.ones_like(valid)
         scales = tf.stop_gradient(scales)
-        args = (problem, flat_labels, scales, chunk_size, sum_dtype)
+        args = (problem, flat_labels, scales, chunk_size, total_dtype)
         if b is None:  # a zero bias: its gradient, computed and dropped, is one row of V
             b = tf.zeros([v_dynamic], compute_dtype)
         if reduction is None:
@@ -436,7 +389,7 @@ def _logits(hc: tf.Tensor, w: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
     return tf.nn.bias_add(tf.matmul(hc, w), b)
 
 
-def _chunked_inputs(problem: "_Problem", h: tf.Tensor, w_own: tf.Tensor, b_own: tf.Tensor,
+def _chunked_inputs(problem: "_ChunkLoss", h: tf.Tensor, w_own: tf.Tensor, b_own: tf.Tensor,
                     labels: tf.Tensor, chunk_size):
     """The projection in the compute dtype, the row and chunk counts, and the hidden states and
     labels as _Chunks (padded under XLA)."""
@@ -444,27 +397,27 @@ def _chunked_inputs(problem: "_Problem", h: tf.Tensor, w_own: tf.Tensor, b_own: 
     # At least one chunk, empty when there are no rows: every loop then runs, and each part
     # list has an entry to concatenate.
     chunks = tf.maximum((rows + chunk_size - 1) // chunk_size, 1)
-    h3 = _Chunks(h, rows, chunks, chunk_size, padded=not problem.can_raise)
+    h_chunks = _Chunks(h, rows, chunks, chunk_size, padded=not problem.can_raise)
     return (tf.cast(w_own, problem.compute_dtype), tf.cast(b_own, problem.compute_dtype), rows,
-            chunks, h3, h3.like(labels))
+            chunks, h_chunks, h_chunks.like(labels))
 
 
-def _gradient_accumulators(problem: "_Problem", chunks, h3: "_Chunks", w: tf.Tensor,
+def _gradient_accumulators(problem: "_ChunkLoss", chunks, h_chunks: "_Chunks", w: tf.Tensor,
                            b: tf.Tensor):
     """d hidden, d kernel and d bias before any chunk. Summed in place, d hidden and d kernel
     start as empty placeholders that AddInto ignores (so the loop holds no zeros beside the
     sums); otherwise d hidden is a list of the chunks' rows, d kernel zeros."""
-    sum_dtype = _sum_dtype(problem.compute_dtype)
+    total_dtype = sum_dtype(problem.compute_dtype)
     if problem.sums_in_place:
         dh = tf.zeros([0, 0], problem.compute_dtype)
-        dw = tf.zeros([0, 0], sum_dtype)
+        dw = tf.zeros([0, 0], total_dtype)
     else:
-        dh = _parts(problem.compute_dtype, chunks, h3.row_shape)
-        dw = tf.zeros(tf.shape(w), sum_dtype)
-    return dh, dw, tf.zeros(tf.shape(b), sum_dtype)
+        dh = _parts(problem.compute_dtype, chunks, h_chunks.row_shape)
+        dw = tf.zeros(tf.shape(w), total_dtype)
+    return dh, dw, tf.zeros(tf.shape(b), total_dtype)
 
 
-def _gradient_loop(problem: "_Problem", chunks, body, loop_vars: tuple, h: tf.Tensor,
+def _gradient_loop(problem: "_ChunkLoss", chunks, body, loop_vars: tuple, h: tf.Tensor,
                    w: tf.Tensor):
     """Runs `body` over the chunks (at least one), one at a time, with d hidden, d kernel and
     d bias as the last loop variables (see _gradient_accumulators); returns the loop's final
@@ -490,10 +443,7 @@ def _kernel_gradient_blocks(kernel_shape: tf.TensorShape, chunk_size: int) -> in
 
     1, the whole product in W's layout, where the chunk has at least d rows: the product is then
     no larger than the chunk's logits, of which the step holds two (logits and gradient) anyway,
-    and it needs no copies of the gradient's columns nor a transpose of the sum at the end (at
-    d = 512, V = 32000, oneDNN on, 512-row chunks so made took 1.00 and 1.05 times the time of
-    Dense(V) + CustomLoss in two runs of the bench, where 262-row chunks in 16 MiB blocks took
-    1.2 times; their peak memory, 239 to 284 MiB against 169, varied from process to process).
+    and it needs no copies of the gradient's columns nor a transpose of the sum at the end.
     Else blocks of about KERNEL_BLOCK_BYTES, so that beside the sum the loop holds one block
     rather than a second d x V matrix. 1 also where d or V is not known when tracing."""
     d, v = kernel_shape
@@ -502,17 +452,17 @@ def _kernel_gradient_blocks(kernel_shape: tf.TensorShape, chunk_size: int) -> in
     return int(max(1, min(v, -(-4 * d * v // KERNEL_BLOCK_BYTES))))
 
 
-def _add_chunk_gradients(problem: "_Problem", i, h3: "_Chunks", g: tf.Tensor, w: tf.Tensor,
+def _add_chunk_gradients(problem: "_ChunkLoss", i, h_chunks: "_Chunks", g: tf.Tensor, w: tf.Tensor,
                          dh, dw, db):
     """Chunk i's share of the three gradients, from its d loss / d logits `g`. Summed in place
     in vocabulary blocks, d kernel is kept transposed ([V, d]) so that its blocks are rows, and
     `_gradient_loop` transposes it once at the end; made whole, it has W's layout."""
-    hc = h3[i]
+    hc = h_chunks[i]
     dh_rows = tf.matmul(g, w, transpose_b=True)
     if problem.sums_in_place:
         first = tf.equal(i, 0)
-        dh = problem.add_into(dh, dh_rows, first, tf.shape(h3.tensor),
-                              row_offset=i * h3.chunk_size)
+        dh = problem.add_into(dh, dh_rows, first, tf.shape(h_chunks.tensor),
+                              row_offset=i * h_chunks.chunk_size)
         blocks = problem.kernel_blocks
         if blocks == 1:
             part = tf.matmul(hc, g, transpose_a=True)
@@ -545,21 +495,22 @@ def _stacked_rows(parts: tf.TensorArray, rows) -> tf.Tensor:
     return parts.concat()[:rows]
 
 
-def _reduced(h2, w_in, b_in, problem: _Problem, labels, scales, chunk_size, sum_dtype):
+def _reduced(h2, w_in, b_in, problem: _ChunkLoss, labels, scales, chunk_size, total_dtype):
     @tf.custom_gradient
     def fused(h, w_own, b_own):
-        w, b, rows, chunks, h3, y3 = _chunked_inputs(problem, h, w_own, b_own, labels,
+        w, b, rows, chunks, h_chunks, y_chunks = _chunked_inputs(problem, h, w_own, b_own, labels,
                                                      chunk_size)
-        s3 = h3.like(scales)
-        dh0, dw0, db0 = _gradient_accumulators(problem, chunks, h3, w, b)
+        scale_chunks = h_chunks.like(scales)
+        dh0, dw0, db0 = _gradient_accumulators(problem, chunks, h_chunks, w, b)
 
         def body(i, total, dh, dw, db):
-            loss, g = problem.losses_and_scaled_gradient(_logits(h3[i], w, b), y3[i], s3[i])
-            total += tf.reduce_sum(loss * s3[i])
-            return (i + 1, total) + _add_chunk_gradients(problem, i, h3, g, w, dh, dw, db)
+            loss, g = problem.losses_and_scaled_gradient(_logits(h_chunks[i], w, b), y_chunks[i],
+                                                         scale_chunks[i])
+            total += tf.reduce_sum(loss * scale_chunks[i])
+            return (i + 1, total) + _add_chunk_gradients(problem, i, h_chunks, g, w, dh, dw, db)
 
         _, total, dh, dw, db = _gradient_loop(
-            problem, chunks, body, (tf.constant(0), tf.zeros([], sum_dtype), dh0, dw0, db0),
+            problem, chunks, body, (tf.constant(0), tf.zeros([], total_dtype), dh0, dw0, db0),
             h, w)
         dw = tf.cast(dw, w_own.dtype)
         db = tf.cast(db, b_own.dtype)
@@ -577,23 +528,23 @@ def _reduced(h2, w_in, b_in, problem: _Problem, labels, scales, chunk_size, sum_
     return fused(h2, w_in, b_in)
 
 
-def _unreduced(h2, w_in, b_in, problem: _Problem, labels, scales, chunk_size, sum_dtype):
+def _unreduced(h2, w_in, b_in, problem: _ChunkLoss, labels, scales, chunk_size, total_dtype):
     del scales
 
     @tf.custom_gradient
     def per_row(h, w_own, b_own):
-        w, b, rows, chunks, h3, y3 = _chunked_inputs(problem, h, w_own, b_own, labels,
+        w, b, rows, chunks, h_chunks, y_chunks = _chunked_inputs(problem, h, w_own, b_own, labels,
                                                      chunk_size)
-        loss_parts = _parts(sum_dtype, chunks, h3.row_shape[:1])
-        stats_parts = _parts(sum_dtype, chunks, h3.row_shape[:1].concatenate([3]))
+        loss_parts = _parts(total_dtype, chunks, h_chunks.row_shape[:1])
+        stats_parts = _parts(total_dtype, chunks, h_chunks.row_shape[:1].concatenate([3]))
 
         def body(i, loss_parts, stats_parts):
-            z = _logits(h3[i], w, b)
-            loss, stats = problem.losses_and_row_stats(z, y3[i])
-            loss_parts = loss_parts.write(i, tf.cast(loss, sum_dtype))
+            z = _logits(h_chunks[i], w, b)
+            loss, stats = problem.losses_and_row_stats(z, y_chunks[i])
+            loss_parts = loss_parts.write(i, tf.cast(loss, total_dtype))
             if stats is None:  # the composed gradient finds its statistics again
-                stats = tf.zeros([tf.shape(z)[0], 3], sum_dtype)
-            return i + 1, loss_parts, stats_parts.write(i, tf.cast(stats, sum_dtype))
+                stats = tf.zeros([tf.shape(z)[0], 3], total_dtype)
+            return i + 1, loss_parts, stats_parts.write(i, tf.cast(stats, total_dtype))
 
         _, loss_parts, stats_parts = tf.while_loop(
             lambda i, *_: i < chunks, body, (tf.constant(0), loss_parts, stats_parts),
@@ -601,13 +552,13 @@ def _unreduced(h2, w_in, b_in, problem: _Problem, labels, scales, chunk_size, su
         losses = _stacked_rows(loss_parts, rows)
 
         def backward(upstream):
-            u3 = h3.like(tf.cast(upstream, problem.compute_dtype))
-            dh0, dw0, db0 = _gradient_accumulators(problem, chunks, h3, w, b)
+            upstream_chunks = h_chunks.like(tf.cast(upstream, problem.compute_dtype))
+            dh0, dw0, db0 = _gradient_accumulators(problem, chunks, h_chunks, w, b)
 
             def back_body(i, dh, dw, db):
-                g = problem.gradient(_logits(h3[i], w, b), y3[i], u3[i],
+                g = problem.gradient(_logits(h_chunks[i], w, b), y_chunks[i], upstream_chunks[i],
                                      stats_parts.read(i) if problem.native else None)
-                return (i + 1,) + _add_chunk_gradients(problem, i, h3, g, w, dh, dw, db)
+                return (i + 1,) + _add_chunk_gradients(problem, i, h_chunks, g, w, dh, dw, db)
 
             _, dh, dw, db = _gradient_loop(
                 problem, chunks, back_body, (tf.constant(0), dh0, dw0, db0), h, w)

@@ -8,7 +8,7 @@
                                       train a small CNN on scikit-learn's 8x8 digits
     tf-metal-ops bench [--quick] [--json] [--sizes NxC,...] ...
                                       CPU timings against TensorFlow's and Keras's losses
-                                      (tf_metal_ops/bench.py)
+                                      (tf_metal_ops/tools/bench/)
 
 Exit codes (also in `--help`):
     0  success
@@ -32,8 +32,8 @@ import os
 import sys
 from typing import Any, Callable, Sequence
 
-from tf_metal_ops._arguments import positive_int, whole_number
 from tf_metal_ops._command_line import PROGRAM as PROG
+from tf_metal_ops.tools.arguments import positive_int, whole_number
 
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1
@@ -112,10 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help="compile training with XLA (Keras jit_compile=True): the loss then "
                            "runs as composed TensorFlow ops (default: Keras's \"auto\")")
 
-    from tf_metal_ops import bench  # noqa: PLC0415  (standard library only at import)
+    from tf_metal_ops.tools.bench import suite  # noqa: PLC0415  (standard library only at import)
 
     commands.add_parser(
-        "bench", epilog=_EPILOG, parents=[bench.build_parser(add_help=False)],
+        "bench", epilog=_EPILOG, parents=[suite.build_parser(add_help=False)],
         help="time the CPU kernels against TensorFlow's and Keras's losses and the memory floor")
     return parser
 
@@ -132,7 +132,7 @@ def _command_parser(parser: argparse.ArgumentParser, command: str) -> argparse.A
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
-    from tf_metal_ops import environment  # noqa: PLC0415 - TensorFlow only after parsing
+    from tf_metal_ops.tools import environment  # noqa: PLC0415 - TensorFlow only after parsing
 
     info = environment.describe()
     if args.json:
@@ -205,10 +205,10 @@ def format_info(info: dict[str, Any]) -> str:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from tf_metal_ops import environment  # noqa: PLC0415
+    from tf_metal_ops.tools import environment  # noqa: PLC0415
 
     environment.load_package()  # before `checks`, which imports TensorFlow
-    from tf_metal_ops import checks  # noqa: PLC0415
+    from tf_metal_ops.tools import checks  # noqa: PLC0415
     dtypes = [d for group in (args.dtype or [list(DTYPES)]) for d in group]
     dtypes = list(dict.fromkeys(dtypes))  # keep order, drop repeats
     progress = None if args.json or not sys.stderr.isatty() else _stderr_progress
@@ -227,7 +227,7 @@ def _stderr_progress(done: int, total: int, label: str) -> None:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from tf_metal_ops import demo, environment  # noqa: PLC0415
+    from tf_metal_ops.tools import demo, environment  # noqa: PLC0415
 
     if not demo.sklearn_available():
         raise environment.EnvironmentProblem(
@@ -244,10 +244,11 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from tf_metal_ops import bench, environment  # noqa: PLC0415 - TensorFlow only after parsing
+    from tf_metal_ops.tools import environment  # noqa: PLC0415 - TensorFlow only after parsing
+    from tf_metal_ops.tools.bench import suite  # noqa: PLC0415
 
     environment.load_package()
-    return bench.run_and_print(args)
+    return suite.run_and_print(args)
 
 
 _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
@@ -268,7 +269,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _command_parser(parser, args.command).error(
             f"unrecognized arguments: {' '.join(unknown)}")
     # Imported here, not at the top, so that parsing needs nothing but the standard library.
-    from tf_metal_ops.environment import EnvironmentProblem  # noqa: PLC0415
+    from tf_metal_ops.tools.environment import EnvironmentProblem  # noqa: PLC0415
 
     try:
         return _COMMANDS[args.command](args)
