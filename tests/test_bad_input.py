@@ -1,4 +1,4 @@
-"""Every bad input the README's API section names gets a clear Python exception.
+"""Every bad input docs/loss.md (Bad input) names gets a clear Python exception.
 
 * static shape mismatches -> ValueError at trace time naming both shapes;
 * shapes known only at run time (tf.function with None dims) -> tf.errors.InvalidArgumentError
