@@ -69,6 +69,14 @@ if not IS_MACOS:
 else:
     HOST_TARGET = MACOS_ARM64 if BUILD_METAL else MACOS_X86_64
 
+# csrc/metal/ is the host code of the Metal kernels. Its Objective-C++ files (.mm) need Apple's
+# frameworks and are compiled for macOS arm64 only. Its C++ files (.cc: the launch plan, the
+# error-record slots, the kernel-source lookup) are platform-neutral C++17, which the Linux tests
+# also compile on their own (tests/msl_host, tests/msl_cuda, tests/test_metal_kernel_source.py).
+# The native library takes them for macOS arm64 only, except those listed here, which every build
+# has: python_module.cc exposes the error-record slots' bookkeeping to the tests on every platform.
+METAL_SOURCES_IN_EVERY_BUILD = ("csrc/metal/error_record_slots.cc",)
+
 # Objective-C++ (.mm) only: ARC, which the host code relies on to release every Metal object on
 # every path. The C++ files get no Objective-C flags at all.
 OBJC_COMPILE_ARGS = ["-fobjc-arc"]
@@ -99,20 +107,22 @@ def native_extension(
         "csrc/ops.cc",
         "csrc/problem.cc",
         "csrc/pending_errors.cc",
-        "csrc/error_record_slots.cc",
         "csrc/runtime.cc",
         "csrc/python_module.cc",
         "csrc/cpu/custom_loss_cpu.cc",
         "csrc/cpu/add_into_cpu.cc",
-        "csrc/cpu/rows_dispatch.cc",
-        "csrc/cpu/rows_portable.cc",
-        "csrc/cpu/rows_avx2.cc",
         "csrc/cpu/thread_pool.cc",
         "csrc/cpu/memory_floor.cc",
+        # The vectorized rows: the dispatch, and one file per instruction set, each compiling
+        # csrc/cpu/simd/simd_kernels.h for its own.
+        "csrc/cpu/simd/rows_dispatch.cc",
+        "csrc/cpu/simd/rows_portable.cc",
+        "csrc/cpu/simd/rows_avx2.cc",
+        *METAL_SOURCES_IN_EVERY_BUILD,
     ]
     define_macros = [("TF_METAL_OPS_BUILT_AGAINST_TF", f'"{tf_version}"')]
     # -ffp-contract=off: no multiply-add fused behind our back. The kernels spell each fused
-    # multiply-add they want (Fma in csrc/cpu/simd_vector.h); left to the compiler, whether
+    # multiply-add they want (Fma in csrc/cpu/simd/simd_vector.h); left to the compiler, whether
     # `p * total - w` fuses depends on inlining context, so the same formula in two code paths
     # (a gradient given the forward's row statistics, or not) could round differently.
     # tests/test_simd_math.py builds with the same flag.
@@ -166,10 +176,11 @@ METALLIB_NAME = "custom_loss.metallib"
 
 
 def metal_sources() -> list:
-    """The host code of the GPU kernels: every csrc/metal source plus the shared launch plan."""
-    objc = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc" / "metal").glob("*.mm"))
-    cpp = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc" / "metal").glob("*.cc"))
-    return objc + cpp + ["csrc/launch_plan.cc"]
+    """macOS arm64's part of csrc/metal/: the .mm files, and the .cc files not built anyway."""
+    metal_dir = ROOT / "csrc" / "metal"
+    objc = sorted(str(p.relative_to(ROOT)) for p in metal_dir.glob("*.mm"))
+    cpp = sorted(str(p.relative_to(ROOT)) for p in metal_dir.glob("*.cc"))
+    return objc + [path for path in cpp if path not in METAL_SOURCES_IN_EVERY_BUILD]
 
 
 def kernel_library_macro(precompiled: bool) -> tuple:

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "csrc/loss_kinds.h"
 #include "csrc/tf_c.h"
 
 namespace tf_metal_ops {
@@ -40,7 +41,7 @@ enum OutputIndex : int {
 // alone. A gradient given them skips the passes that find them again, and (CPU) computes a
 // plain or smoothed cross-entropy gradient in one pass over the row. The gradient is the same
 // bit for bit as without them, except where the CPU forward computed rows in groups
-// (cpu/simd_row_groups.h: its vector log1p may end log_sum an ulp or two away) and the
+// (cpu/simd/simd_row_groups.h: its vector log1p may end log_sum an ulp or two away) and the
 // gradient did not, between the two kernels' class limits. The Metal kernels write and read
 // the same three numbers (kernels/custom_loss.h: a Metal gradient takes max and log_sum from
 // them and skips its log-sum-exp pass), so either backend's gradient can take the other's. A
@@ -58,9 +59,6 @@ inline constexpr int64_t kRowStatsWidth = 3;
 // losses), or where a backend does not make it (the float64 CPU kernel), that output is [0]
 // and the gradient op computes the gradient as usual. The Metal forward writes it in the pass
 // that would be the gradient kernel's last (kernels/custom_loss.h).
-
-enum class LabelKind : int32_t { kSparseInt32 = 0, kSparseInt64 = 1, kDense = 2 };
-enum class Direction : int32_t { kForward = 0, kGradient = 1 };
 
 // The op's attributes, read once per kernel instance.
 struct CustomLossAttrs {

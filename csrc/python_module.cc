@@ -13,8 +13,8 @@
 
 #include "csrc/cpu/memory_floor.h"
 #include "csrc/cpu/parallel_for.h"
-#include "csrc/cpu/rows_dispatch.h"
-#include "csrc/error_record_slots.h"
+#include "csrc/cpu/simd/rows_dispatch.h"
+#include "csrc/metal/error_record_slots.h"
 #include "csrc/pending_errors.h"
 #include "csrc/problem.h"
 #include "csrc/runtime.h"
@@ -36,15 +36,15 @@
 #endif
 
 namespace py = pybind11;
-namespace tmo = tf_metal_ops;
 
+namespace tf_metal_ops {
 namespace {
 
 // The host-memory slab behind the host_slab_* test hooks.
 struct HostErrorRecordSlab {
   explicit HostErrorRecordSlab(int capacity)
       : slots(capacity), records(static_cast<size_t>(slots.capacity())) {}
-  tmo::ErrorRecordSlots slots;
+  ErrorRecordSlots slots;
   std::vector<CustomLossErrorRecord> records;
 };
 
@@ -66,23 +66,21 @@ size_t SlotIndex(const HostErrorRecordSlab& slab, int slot) {
   return static_cast<size_t>(slot);
 }
 
-}  // namespace
-
-PYBIND11_MODULE(_tf_metal_ops, m) {
+void DefineModule(py::module_& m) {
   m.doc() = "Native runtime of tf_metal_ops (settings shared with the TensorFlow kernels).";
 
   m.def("build_info", [] {
     py::dict info;
     info["built_against_tensorflow"] = TF_METAL_OPS_BUILT_AGAINST_TF;
     info["tensorflow_api"] = "C API only (tensorflow/c/ops.h, tensorflow/c/kernels.h)";
-    info["metal_compiled_in"] = tmo::MetalCompiledIn();
+    info["metal_compiled_in"] = MetalCompiledIn();
     // "precompiled" (.metallib next to the library), "source" (compiled at first use from the
     // shipped .metal source) or "none" (no Metal in this build).
     info["metal_kernel_library"] = TF_METAL_OPS_KERNEL_LIBRARY;
 #if defined(TF_METAL_OPS_WITH_METAL)
     // A GPU kernel that failed to register leaves its dtype to the CPU: say so, and why.
-    info["gpu_kernel_dtypes"] = tmo::metal::RegisteredGpuDtypes();
-    info["gpu_kernel_registration_errors"] = tmo::metal::KernelRegistrationErrors();
+    info["gpu_kernel_dtypes"] = metal::RegisteredGpuDtypes();
+    info["gpu_kernel_registration_errors"] = metal::KernelRegistrationErrors();
 #endif
 #if defined(__clang__)
     info["compiler"] = std::string("clang ") + __clang_version__;
@@ -93,13 +91,13 @@ PYBIND11_MODULE(_tf_metal_ops, m) {
   });
 
   m.def("get_commit_mode", [] {
-    return tmo::GetCommitMode() == tmo::CommitMode::kCommitAndWait ? "commit_and_wait" : "commit";
+    return GetCommitMode() == CommitMode::kCommitAndWait ? "commit_and_wait" : "commit";
   });
   m.def("set_commit_mode", [](const std::string& mode) {
     if (mode == "commit") {
-      tmo::SetCommitMode(tmo::CommitMode::kCommit);
+      SetCommitMode(CommitMode::kCommit);
     } else if (mode == "commit_and_wait") {
-      tmo::SetCommitMode(tmo::CommitMode::kCommitAndWait);
+      SetCommitMode(CommitMode::kCommitAndWait);
     } else {
       throw std::invalid_argument("mode must be 'commit' or 'commit_and_wait', got '" + mode +
                                   "'");
@@ -108,7 +106,7 @@ PYBIND11_MODULE(_tf_metal_ops, m) {
 
   m.def("kernel_timings", [] {
     py::list out;
-    for (const tmo::KernelTiming& t : tmo::KernelTimings()) {
+    for (const KernelTiming& t : KernelTimings()) {
       py::dict row;
       row["op"] = t.op;
       row["kernel"] = t.kernel_name;
@@ -118,15 +116,15 @@ PYBIND11_MODULE(_tf_metal_ops, m) {
     }
     return out;
   });
-  m.def("clear_kernel_timings", &tmo::ClearKernelTimings);
+  m.def("clear_kernel_timings", &ClearKernelTimings);
 
   // GPU errors found after their op returned (csrc/pending_errors.h); tf_metal_ops.debug raises
   // them as TensorFlow errors. (These hooks build their Python values by hand, without
   // py::class_, py::cast or py::make_tuple, whose failure paths would bind the macOS build to
   // more of libc++'s run-time type information: tests/cross/macos_stubs/libc++.tbd.)
-  m.def("has_pending_error", [] { return py::bool_(tmo::HasPendingError()); });
+  m.def("has_pending_error", [] { return py::bool_(HasPendingError()); });
   m.def("take_pending_error", []() -> py::object {
-    const tmo::Error error = tmo::TakePendingError();
+    const Error error = TakePendingError();
     if (error.ok()) return py::none();
     py::tuple taken(2);
     taken[0] = py::int_(static_cast<int>(error.code));
@@ -141,11 +139,11 @@ PYBIND11_MODULE(_tf_metal_ops, m) {
       [](py::bytes record, const std::string& node_name, const std::string& direction,
          std::vector<int64_t> row_dims, int64_t num_classes, bool has_ignore_class,
          int64_t ignore_class) {
-        tmo::CustomLossProblem problem;
+        CustomLossProblem problem;
         if (direction == "forward") {
-          problem.attrs.direction = tmo::Direction::kForward;
+          problem.attrs.direction = Direction::kForward;
         } else if (direction == "gradient") {
-          problem.attrs.direction = tmo::Direction::kGradient;
+          problem.attrs.direction = Direction::kGradient;
         } else {
           throw std::invalid_argument("direction must be 'forward' or 'gradient', got '" +
                                       direction + "'");
@@ -165,15 +163,15 @@ PYBIND11_MODULE(_tf_metal_ops, m) {
         bool held;
         {
           py::gil_scoped_release release;
-          held = tmo::ReportCompletedErrorRecord(problem, bytes.data(), bytes.size());
+          held = ReportCompletedErrorRecord(problem, bytes.data(), bytes.size());
         }
         return py::bool_(held);
       },
       py::arg("record"), py::arg("node_name"), py::arg("direction"), py::arg("row_dims"),
       py::arg("num_classes"), py::arg("has_ignore_class"), py::arg("ignore_class"));
 
-  // The slot bookkeeping of the Metal path's error-record slab (csrc/error_record_slots.h), over
-  // one slab in host memory, for tests: host_slab_write stands in for the kernel's writes.
+  // The slot bookkeeping of the Metal path's error-record slab (csrc/metal/error_record_slots.h),
+  // over one slab in host memory, for tests: host_slab_write stands in for the kernel's writes.
   m.def("host_slab_reset", [](int capacity) {
     if (capacity < 1) {
       throw std::invalid_argument("capacity must be >= 1, got " + std::to_string(capacity));
@@ -212,18 +210,18 @@ PYBIND11_MODULE(_tf_metal_ops, m) {
     return py::bytes(reinterpret_cast<const char*>(&r), sizeof(r));
   });
 
-  m.def("get_cpu_threads", &tmo::CpuThreadLimit);
+  m.def("get_cpu_threads", &CpuThreadLimit);
   m.def("set_cpu_threads", [](int threads) {
     if (threads < 0) {
       throw std::invalid_argument("threads must be >= 0 (0: all cores), got " +
                                   std::to_string(threads));
     }
-    tmo::SetCpuThreadLimit(threads);
+    SetCpuThreadLimit(threads);
   });
 
   // ---- Benchmark support (python -m tf_metal_ops bench; the kernels are in csrc/cpu/) --------
   // Which vectorized variant the CPU kernels picked for this machine ("avx2" or "portable").
-  m.def("cpu_kernel_isa", [] { return std::string(tmo::SelectedRowsIsa()); });
+  m.def("cpu_kernel_isa", [] { return std::string(SelectedRowsIsa()); });
   // One pass of the memory floor (csrc/cpu/memory_floor.h) over a C-contiguous float32 matrix:
   // with `dst` None it only reads `src` (the forward op's traffic), otherwise it also writes
   // `dst` (the gradient op's). Runs without the GIL, on the kernels' threads and thread cap.
@@ -235,7 +233,7 @@ PYBIND11_MODULE(_tf_metal_ops, m) {
         const int64_t cols = src.shape(1);
         if (dst.is_none()) {
           py::gil_scoped_release release;
-          return tmo::StreamReadPass(src.data(), rows, cols);
+          return StreamReadPass(src.data(), rows, cols);
         }
         // No conversion: a converted copy would be written instead of the caller's array.
         if (!py::isinstance<py::array_t<float, py::array::c_style>>(dst)) {
@@ -247,8 +245,13 @@ PYBIND11_MODULE(_tf_metal_ops, m) {
         }
         float* out_data = out.mutable_data();
         py::gil_scoped_release release;
-        tmo::StreamCopyPass(src.data(), out_data, rows, cols);
+        StreamCopyPass(src.data(), out_data, rows, cols);
         return 0.0;
       },
       py::arg("src"), py::arg("dst") = py::none());
 }
+
+}  // namespace
+}  // namespace tf_metal_ops
+
+PYBIND11_MODULE(_tf_metal_ops, m) { tf_metal_ops::DefineModule(m); }

@@ -1,6 +1,6 @@
 // CustomLoss forward and gradient kernels, Metal Shading Language templates.
 // Instantiated (one [[host_name]] per dtype x label kind x direction x variant) in
-// custom_loss.metal; launched with the geometry of csrc/launch_plan.cc; run on Linux by the
+// custom_loss.metal; launched with the geometry of csrc/metal/launch_plan.cc; run on Linux by the
 // emulator in tests/msl_host/ (which compiles this file as C++).
 //
 // ---------------------------------------------------------------------------------------------
@@ -13,7 +13,7 @@
 // loss's gradient, csrc/problem.h) while the row's softmax is at hand. All arithmetic is in
 // float, whatever T is; loads convert, stores round once.
 //
-// The two variants (chosen on the host by csrc/launch_plan.cc from C):
+// The two variants (chosen on the host by csrc/metal/launch_plan.cc from C):
 // - rowtg   (C > 256): one row per threadgroup. Each thread strides over the row; partial
 //   results are reduced inside each SIMD-group (simd_max / simd_sum), then across SIMD-groups
 //   through threadgroup memory: every SIMD-group reads all partials and reduces them again,
@@ -67,9 +67,11 @@
 #define TFMO_ROW_IGNORED 1u
 #define TFMO_ROW_BAD_LABEL 2u
 
-namespace tfmo {
+namespace tf_metal_ops {
+namespace kernels {
 
-using namespace metal;
+// ::metal, Metal's standard library: the host code has a tf_metal_ops::metal of its own.
+using namespace ::metal;
 
 // ---- a thread's running sums -----------------------------------------------------------------
 // Each thread of a row adds up C / threads terms (512 at C = 262144 with 512 threads). Added
@@ -297,7 +299,7 @@ inline void record_bad_label(device atomic_uint* record, uint row, long label) {
 // Reduce: how the row's threads combine (threadgroup or lane group); see the two below.
 
 struct ThreadgroupReduce {
-  threadgroup float* scratch;  // 5 floats per SIMD-group (see csrc/launch_plan.cc)
+  threadgroup float* scratch;  // 5 floats per SIMD-group (see csrc/metal/launch_plan.cc)
   uint lane;
   uint sg_index;
   uint sg_count;
@@ -431,7 +433,7 @@ inline RowLse read_row_stats(const device float* stats, uint row) {
 // sparse labels without smoothing is one class of the row.
 // With gamma == 0, g_j = w_j holds no r_j, and r_j only matters in g_j r_j: where p_j <= 1/2,
 // 1 - p_j is that r_j to within p_j's own rounding (r_j >= 1/2, so the subtraction adds at
-// most half an ulp), as the CPU's vector rows do (csrc/cpu/simd_rows.h); the expm1 (a log and
+// most half an ulp), as the CPU's vector rows do (csrc/cpu/simd/simd_rows.h); the expm1 (a log and
 // a division) is kept for p_j > 1/2, where 1 - p_j would lose r_j's digits, and for NaN.
 // gradient_parts(lp, w, 0) has g = w * 1 = w, bitwise the g used here.
 inline float class_gradient(float lp, float w, float gamma, float big_g) {
@@ -965,6 +967,7 @@ template <typename T, typename LabelT, bool kDense>
       params, tg_pos, tg_count, tid);
 }
 
-}  // namespace tfmo
+}  // namespace kernels
+}  // namespace tf_metal_ops
 
 #endif  // TF_METAL_OPS_KERNELS_CUSTOM_LOSS_H_

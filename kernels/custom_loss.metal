@@ -1,19 +1,22 @@
 // The CustomLoss kernels, one [[host_name]] per logits dtype x label kind x direction x variant:
 //   tfmo_custom_loss_<forward|gradient>_<rowtg|rowsimd>_<f32|f16|bf16>_<i32|i64|dense>
-// The names are built by csrc/launch_plan.cc (KernelName) and double as the pipeline-cache key.
-// The kernels themselves, and the derivation of what they compute, are in custom_loss.h.
+// The names are built by csrc/metal/launch_plan.cc (KernelName) and double as the pipeline-cache
+// key. The kernels themselves, and the derivation of what they compute, are in custom_loss.h.
 //
 // Compile with fast math off (see custom_loss.h): offline `-fno-fast-math`, at run time
 // MTLCompileOptions.mathMode = MTLMathModeSafe (macOS 15+) or fastMathEnabled = NO.
 #include "custom_loss.h"
 
-#define TFMO_INSTANTIATE_LABEL_KINDS(direction, variant, type_name, T)                           \
-  TFMO_INSTANTIATE_KERNEL("tfmo_custom_loss_" #direction "_" #variant "_" #type_name "_i32",      \
-                          tfmo::custom_loss_##direction##_##variant<T, int, false>)              \
-  TFMO_INSTANTIATE_KERNEL("tfmo_custom_loss_" #direction "_" #variant "_" #type_name "_i64",      \
-                          tfmo::custom_loss_##direction##_##variant<T, long, false>)             \
-  TFMO_INSTANTIATE_KERNEL("tfmo_custom_loss_" #direction "_" #variant "_" #type_name "_dense",    \
-                          tfmo::custom_loss_##direction##_##variant<T, T, true>)
+#define TFMO_INSTANTIATE_LABEL_KINDS(direction, variant, type_name, T)                            \
+  TFMO_INSTANTIATE_KERNEL(                                                                        \
+      "tfmo_custom_loss_" #direction "_" #variant "_" #type_name "_i32",                          \
+      tf_metal_ops::kernels::custom_loss_##direction##_##variant<T, int, false>)                  \
+  TFMO_INSTANTIATE_KERNEL(                                                                        \
+      "tfmo_custom_loss_" #direction "_" #variant "_" #type_name "_i64",                          \
+      tf_metal_ops::kernels::custom_loss_##direction##_##variant<T, long, false>)                 \
+  TFMO_INSTANTIATE_KERNEL(                                                                        \
+      "tfmo_custom_loss_" #direction "_" #variant "_" #type_name "_dense",                        \
+      tf_metal_ops::kernels::custom_loss_##direction##_##variant<T, T, true>)
 
 #define TFMO_INSTANTIATE_DTYPE(type_name, T)                    \
   TFMO_INSTANTIATE_LABEL_KINDS(forward, rowtg, type_name, T)    \

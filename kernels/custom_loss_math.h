@@ -2,12 +2,12 @@
 // written once for every backend. Included by the Metal kernels (custom_loss.h, compiled as MSL,
 // by the Linux emulator's C++ stand-in and by the CUDA stand-in of tests/msl_cuda) and by the
 // CPU's scalar paths (the float64 kernel in csrc/cpu/custom_loss_cpu.cc, the single-element
-// fix-ups of the vectorized rows in csrc/cpu/simd_rows.h and simd_row_groups.h). The CPU's vector
-// formulas are separate, and tests/cpu_math/shared_math_check.cc holds them against these.
+// fix-ups of the vectorized rows in csrc/cpu/simd/simd_rows.h and simd_row_groups.h). The CPU's
+// vector formulas are separate, and tests/cpu_math/shared_math_check.cc holds them against these.
 // The NumPy reference (tf_metal_ops/reference.py) is written independently: it is the oracle.
 //
 // Plain templates over the accumulator type Acc (float on Metal, which has no double; float or
-// double on the CPU) and a small shim, tfmo::math, that maps exp / log / pow / expm1 / log1p to
+// double on the CPU) and a small shim, kernels::math, that maps exp / log / pow / expm1 / log1p to
 // each backend's functions. The switch is `__METAL__`, as in custom_loss_params.h: the Metal
 // compiler defines it, and so do the emulator and the CUDA builds, which then take their
 // <metal_stdlib> stand-in (so nothing of the C++ standard library is used in that branch).
@@ -71,16 +71,17 @@
 #include <limits>
 #endif
 
-namespace tfmo {
+namespace tf_metal_ops {
+namespace kernels {
 namespace math {
 
 // ---- the backend shim -----------------------------------------------------------------------
 
 #if defined(__METAL__)
-inline float exp(float x) { return metal::precise::exp(x); }
-inline float exp2(float x) { return metal::precise::exp2(x); }
-inline float log(float x) { return metal::precise::log(x); }
-inline float pow(float x, float y) { return metal::precise::pow(x, y); }
+inline float exp(float x) { return ::metal::precise::exp(x); }
+inline float exp2(float x) { return ::metal::precise::exp2(x); }
+inline float log(float x) { return ::metal::precise::log(x); }
+inline float pow(float x, float y) { return ::metal::precise::pow(x, y); }
 template <typename Acc>
 inline Acc lowest() { return Acc(-FLT_MAX); }
 template <typename Acc>
@@ -378,6 +379,7 @@ inline Acc cross_entropy_neg_loss(RowLogSoftmax<Acc> ls, Acc total_weight, Acc s
   return shifted - total_weight * ls.log_sum;
 }
 
-}  // namespace tfmo
+}  // namespace kernels
+}  // namespace tf_metal_ops
 
 #endif  // TF_METAL_OPS_KERNELS_CUSTOM_LOSS_MATH_H_

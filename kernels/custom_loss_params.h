@@ -1,5 +1,5 @@
 // Parameters of the CustomLoss Metal kernels: one header read by the Metal compiler (the kernels),
-// by the host code that encodes them (csrc/launch_plan.*, csrc/metal/*.mm) and by the Linux
+// by the host code that encodes them (csrc/metal/launch_plan.*, csrc/metal/*.mm) and by the Linux
 // emulator (tests/msl_host/), so the byte layout of what the host sends cannot drift from what the
 // kernel reads.
 //

@@ -79,7 +79,7 @@ def test_vector_tails_match_reference(dtype, classes):
 
 
 # Rows of few classes run a group of 8 (AVX2) or 4 (SSE2/NEON) rows at a time, transposed
-# (csrc/cpu/simd_row_groups.h): up to 48 / 32 classes forward and 32 / 24 for the gradient at
+# (csrc/cpu/simd/simd_row_groups.h): up to 48 / 32 classes forward and 32 / 24 for the gradient at
 # 8 / 4 lanes, so the counts straddle each limit. 19 rows make full groups and a partial one at
 # both widths, with the special rows of _logits (all tied, confident, masked) in the first group.
 GROUP_CLASS_COUNTS = [1, 2, 10, 24, 25, 32, 33, 48, 49]

@@ -1,7 +1,7 @@
 """The Metal kernels (kernels/custom_loss.metal), compiled as C++ and run by the emulator.
 
-Each case is planned by csrc/launch_plan.cc exactly as the macOS encoder plans it (kernel name,
-grid, threadgroup size and memory, buffer bindings) and executed with threadgroup memory,
+Each case is planned by csrc/metal/launch_plan.cc exactly as the macOS encoder plans it (kernel
+name, grid, threadgroup size and memory, buffer bindings) and executed with threadgroup memory,
 barriers and 32-lane lockstep SIMD-groups (tests/msl_host/). Results are compared with the NumPy
 reference (tf_metal_ops/reference.py, float64) on the values the kernel actually read (half and
 bfloat16 inputs are rounded first).

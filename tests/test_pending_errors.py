@@ -241,7 +241,7 @@ def test_emulated_clean_batch_leaves_nothing_pending(emu):
     run_cpu_op()
 
 
-# ---- The slab of error records (csrc/error_record_slots.h) -----------------------------------
+# ---- The slab of error records (csrc/metal/error_record_slots.h) --------------------------------
 
 class HostSlab:
     """The slab hooks of the native module (one slab in host memory, csrc/python_module.cc)."""

@@ -31,9 +31,9 @@ SETTINGS = [(0.0, 0.0), (0.0, 0.1), (1.0, 0.0), (2.0, 0.1), (0.5, 0.0), (3.7, 1.
 DTYPES = [tf.float32, tf.float16, tf.bfloat16]
 
 
-# Forward rows of few classes go through the row-group kernel (csrc/cpu/simd_row_groups.h), whose
-# vector log1p may end log_sum an ulp or two away from the single-row kernel's libm log1p. Where
-# the forward used groups but the gradient single rows (between the two limits), the gradient
+# Forward rows of few classes go through the row-group kernel (csrc/cpu/simd/simd_row_groups.h),
+# whose vector log1p may end log_sum an ulp or two away from the single-row kernel's libm log1p.
+# Where the forward used groups but the gradient single rows (between the two limits), the gradient
 # given the forward's statistics is then that close, not bit for bit, to the one without.
 GROUP_LIMITS = {"avx2": (32, 48), "portable": (24, 32)}  # (gradient, forward) class counts
 

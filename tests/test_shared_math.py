@@ -1,5 +1,5 @@
 """The scalar math shared by the Metal kernels and the CPU (kernels/custom_loss_math.h) against
-the CPU's vector versions of the same terms (csrc/cpu/simd_rows.h), and against itself.
+the CPU's vector versions of the same terms (csrc/cpu/simd/simd_rows.h), and against itself.
 
 tests/cpu_math/shared_math_check.cc evaluates, on a grid of lp = log p, gamma and w with the
 limits among them (p = 1, p = 0, lp = -inf, NaN, both sides of the vector kernels' p = 1/2
@@ -34,7 +34,7 @@ KAHAN_ULP = 3.0
 
 
 def _tensorflow_include() -> str:
-    # csrc/cpu/rows_dispatch.h reaches TensorFlow's C API headers through csrc/problem.h.
+    # csrc/cpu/simd/rows_dispatch.h reaches TensorFlow's C API headers through csrc/problem.h.
     spec = importlib.util.find_spec("tensorflow")
     assert spec is not None and spec.submodule_search_locations, "TensorFlow is not installed"
     return str(Path(list(spec.submodule_search_locations)[0]) / "include")

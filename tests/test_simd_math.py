@@ -1,4 +1,4 @@
-"""Accuracy of the CPU kernels' own exp, log, log1p and expm1 (csrc/cpu/simd_vector.h).
+"""Accuracy of the CPU kernels' own exp, log, log1p and expm1 (csrc/cpu/simd/simd_vector.h).
 
 tests/cpu_math/simd_math_check.cc evaluates them over every 256th float32 bit pattern (16.7
 million inputs, all binades) and over their special values, against the double-precision libm,

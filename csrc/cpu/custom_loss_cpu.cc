@@ -1,7 +1,7 @@
 // CPU kernels of CustomLoss and CustomLossGrad: checks, output allocation, and the choice of
 // row kernel.
 //
-// Float, half and bfloat16 logits run the vectorized rows of rows_dispatch.h (the variant for
+// Float, half and bfloat16 logits run the vectorized rows of simd/rows_dispatch.h (the variant for
 // this CPU's instruction set), spread over the thread pool by ParallelFor. Float64 logits run
 // the scalar rows below, built on kernels/custom_loss_math.h (the scalar math shared with the
 // Metal kernels, which derives the formulas and their limits, and which the vectorized rows also
@@ -15,7 +15,7 @@
 
 #include "csrc/cpu/float_types.h"
 #include "csrc/cpu/parallel_for.h"
-#include "csrc/cpu/rows_dispatch.h"
+#include "csrc/cpu/simd/rows_dispatch.h"
 #include "csrc/problem.h"
 #include "csrc/runtime.h"
 #include "kernels/custom_loss_math.h"
@@ -76,8 +76,8 @@ struct DenseTargets {
 // The row's log-softmax (custom_loss_math.h's state), in two passes that both vectorize: the
 // maximum, then the sum split into the ties (exactly 1 each) and the others.
 template <typename T, typename Acc = typename Accumulator<T>::type>
-tfmo::RowLogSoftmax<Acc> LogSoftmaxOfRow(const T* z, int64_t num_classes) {
-  tfmo::LogSumExp<Acc> state = tfmo::lse_empty<Acc>();
+kernels::RowLogSoftmax<Acc> LogSoftmaxOfRow(const T* z, int64_t num_classes) {
+  kernels::LogSumExp<Acc> state = kernels::lse_empty<Acc>();
   for (int64_t c = 0; c < num_classes; ++c) {
     const Acc value = Load(z[c]);
     state.max = value > state.max ? value : state.max;
@@ -85,25 +85,25 @@ tfmo::RowLogSoftmax<Acc> LogSoftmaxOfRow(const T* z, int64_t num_classes) {
   for (int64_t c = 0; c < num_classes; ++c) {
     const Acc value = Load(z[c]);
     const bool tie = value == state.max;
-    state.others += tie ? Acc(0) : tfmo::math::exp(value - state.max);
+    state.others += tie ? Acc(0) : kernels::math::exp(value - state.max);
     state.ties += tie ? Acc(1) : Acc(0);
   }
-  return tfmo::lse_finish(state);
+  return kernels::lse_finish(state);
 }
 
 template <typename T, typename Targets>
 typename Accumulator<T>::type RowLoss(const RowSetup<T>& setup, const T* z, const Targets& targets) {
   using Acc = typename Accumulator<T>::type;
-  const tfmo::RowLogSoftmax<Acc> ls = LogSoftmaxOfRow(z, setup.num_classes);
+  const kernels::RowLogSoftmax<Acc> ls = LogSoftmaxOfRow(z, setup.num_classes);
   if (targets.OnlyLabelled()) {
-    const Acc lp = tfmo::log_prob(ls, Acc(Load(z[targets.label])));
+    const Acc lp = kernels::log_prob(ls, Acc(Load(z[targets.label])));
     // 0 - x rather than -x: a zero loss is +0, not -0.
-    return Acc(0) - tfmo::loss_term(lp, targets.Weight(targets.label), setup.gamma);
+    return Acc(0) - kernels::loss_term(lp, targets.Weight(targets.label), setup.gamma);
   }
   Acc loss = 0;
   for (int64_t c = 0; c < setup.num_classes; ++c) {
     const Acc w = targets.Weight(c);
-    if (w != 0) loss -= tfmo::loss_term(tfmo::log_prob(ls, Acc(Load(z[c]))), w, setup.gamma);
+    if (w != 0) loss -= kernels::loss_term(kernels::log_prob(ls, Acc(Load(z[c]))), w, setup.gamma);
   }
   return loss;
 }
@@ -117,16 +117,18 @@ void RowGradient(const RowSetup<T>& setup, const T* z, const Targets& targets,
                  std::vector<typename Accumulator<T>::type>* scratch) {
   using Acc = typename Accumulator<T>::type;
   const int64_t num_classes = setup.num_classes;
-  const tfmo::RowLogSoftmax<Acc> ls = LogSoftmaxOfRow(z, num_classes);
+  const kernels::RowLogSoftmax<Acc> ls = LogSoftmaxOfRow(z, num_classes);
   if (targets.OnlyLabelled()) {
     // G = g_y, and g_j = 0 for j != y: d/dz_j = p_j g_y there, and -r_y g_y at y.
     const int64_t y = targets.label;
-    const Acc lp_y = tfmo::log_prob(ls, Acc(Load(z[y])));  // read before grad (maybe z) is written
-    const Acc g = tfmo::gradient_term(lp_y, targets.Weight(y), setup.gamma);
+    // Read before grad (which may be z) is written.
+    const Acc lp_y = kernels::log_prob(ls, Acc(Load(z[y])));
+    const Acc g = kernels::gradient_term(lp_y, targets.Weight(y), setup.gamma);
     for (int64_t j = 0; j < num_classes; ++j) {
-      Store(upstream * (tfmo::math::exp(tfmo::log_prob(ls, Acc(Load(z[j])))) * g), &grad[j]);
+      const Acc p_j = kernels::math::exp(kernels::log_prob(ls, Acc(Load(z[j]))));
+      Store(upstream * (p_j * g), &grad[j]);
     }
-    Store(upstream * tfmo::only_class_gradient(lp_y, g), &grad[y]);
+    Store(upstream * kernels::only_class_gradient(lp_y, g), &grad[y]);
     return;
   }
   // G, and g_c where it is not simply w_c (gamma > 0).
@@ -135,22 +137,22 @@ void RowGradient(const RowSetup<T>& setup, const T* z, const Targets& targets,
   if (focal) {
     scratch->resize(static_cast<size_t>(num_classes));
     for (int64_t c = 0; c < num_classes; ++c) {
-      const Acc lp = tfmo::log_prob(ls, Acc(Load(z[c])));
-      (*scratch)[c] = tfmo::gradient_term(lp, targets.Weight(c), setup.gamma);
+      const Acc lp = kernels::log_prob(ls, Acc(Load(z[c])));
+      (*scratch)[c] = kernels::gradient_term(lp, targets.Weight(c), setup.gamma);
       total += (*scratch)[c];
     }
   } else {
     total = targets.WeightSum();
   }
   for (int64_t j = 0; j < num_classes; ++j) {
-    const Acc lp = tfmo::log_prob(ls, Acc(Load(z[j])));
+    const Acc lp = kernels::log_prob(ls, Acc(Load(z[j])));
     if (!focal) {
-      Store(upstream * tfmo::cross_entropy_gradient(tfmo::math::exp(lp), total, targets.Weight(j)),
-            &grad[j]);
+      const Acc p_j = kernels::math::exp(lp);
+      Store(upstream * kernels::cross_entropy_gradient(p_j, total, targets.Weight(j)), &grad[j]);
       continue;
     }
-    Store(upstream * tfmo::gradient_value(tfmo::gradient_parts_given(lp, (*scratch)[j]), total),
-          &grad[j]);
+    const auto parts = kernels::gradient_parts_given(lp, (*scratch)[j]);
+    Store(upstream * kernels::gradient_value(parts, total), &grad[j]);
   }
 }
 

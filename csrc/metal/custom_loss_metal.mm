@@ -4,8 +4,8 @@
 // create, inputs validated and the output allocated by the shared code in csrc/problem.cc, then
 // the backend-specific part, which here encodes one compute dispatch on the plugin's command
 // buffer. What is dispatched (kernel name, grid, threadgroup size and memory, which buffer at which
-// index, the parameter bytes) comes entirely from gpu::PlanLaunch (csrc/launch_plan.h), the same
-// function the Linux emulator runs, so this file decides nothing about the geometry.
+// index, the parameter bytes) comes entirely from gpu::PlanLaunch (csrc/metal/launch_plan.h), the
+// same function the Linux emulator runs, so this file decides nothing about the geometry.
 //
 // Compiled with ARC: Objective-C objects are released by the compiler on every path, TensorFlow
 // objects by the RAII owners of csrc/tf_c.h, so no early return leaks. Errors become TensorFlow
@@ -20,10 +20,10 @@
 #include <string>
 #include <vector>
 
-#include "csrc/error_record_slots.h"
-#include "csrc/launch_plan.h"
 #include "csrc/metal/custom_loss_metal.h"
+#include "csrc/metal/error_record_slots.h"
 #include "csrc/metal/kernel_library.h"
+#include "csrc/metal/launch_plan.h"
 #include "csrc/metal/metal_stream.h"
 #include "csrc/pending_errors.h"
 #include "csrc/problem.h"
@@ -33,18 +33,6 @@
 
 namespace tf_metal_ops {
 namespace {
-
-// launch_plan.h mirrors these enums so that it stays free of TensorFlow; keep them in step.
-static_assert(static_cast<int>(LabelKind::kSparseInt32) ==
-                  static_cast<int>(gpu::LabelKind::kSparseInt32) &&
-              static_cast<int>(LabelKind::kSparseInt64) ==
-                  static_cast<int>(gpu::LabelKind::kSparseInt64) &&
-              static_cast<int>(LabelKind::kDense) == static_cast<int>(gpu::LabelKind::kDense),
-              "LabelKind of problem.h and launch_plan.h differ");
-static_assert(static_cast<int>(Direction::kForward) == static_cast<int>(gpu::Direction::kForward) &&
-                  static_cast<int>(Direction::kGradient) ==
-                      static_cast<int>(gpu::Direction::kGradient),
-              "Direction of problem.h and launch_plan.h differ");
 
 // The Metal buffers behind the op's tensors. On a tensorflow-metal device TF_TensorData is an
 // id<MTLBuffer> handle (private storage, the tensor starting at offset 0), not a host pointer.
@@ -97,8 +85,8 @@ Error MakeLaunchDesc(const CustomLossProblem& problem, gpu::LaunchDesc* desc) {
   }
   desc->num_rows = problem.num_rows;
   desc->num_classes = problem.num_classes;
-  desc->label_kind = static_cast<gpu::LabelKind>(problem.attrs.label_kind);
-  desc->direction = static_cast<gpu::Direction>(problem.attrs.direction);
+  desc->label_kind = problem.attrs.label_kind;
+  desc->direction = problem.attrs.direction;
   desc->gamma = problem.attrs.gamma;
   desc->label_smoothing = problem.attrs.label_smoothing;
   desc->has_class_weights = problem.has_class_weights;
@@ -199,7 +187,7 @@ void EncodeOnQueue(id<TF_MetalStream> stream, const CustomLossProblem& problem,
   if (!plan.dispatch) return;  // nothing to run (N == 0 is handled before; kept for safety)
 
   // Only sparse labels can be out of range: dense ones have no record to read.
-  if (desc.label_kind != gpu::LabelKind::kDense) {
+  if (desc.label_kind != LabelKind::kDense) {
     // A record for this call alone, read after the wait (commit-and-wait) or by the completion
     // handler below (commit), so it must not be shared with launches still running. Shared
     // storage: the CPU reads what the GPU wrote without a copy. Commit mode takes a slot of the

@@ -12,7 +12,7 @@
 
 #include <string>
 
-#include "csrc/error_record_slots.h"
+#include "csrc/metal/error_record_slots.h"
 #include "csrc/tf_c.h"
 
 namespace tf_metal_ops {
@@ -33,7 +33,7 @@ id<MTLComputePipelineState> GetComputePipeline(id<MTLDevice> device, const std::
 id<MTLBuffer> GetDiscardedErrorRecord(id<MTLDevice> device, Error* error);
 
 // The slab of error records that commit-mode launches on `device` write to, and the bookkeeping
-// of its slots (csrc/error_record_slots.h says who takes and frees them, and when): a
+// of its slots (csrc/metal/error_record_slots.h says who takes and frees them, and when): a
 // shared-storage buffer of ErrorRecordSlots::kCapacity records with hazard tracking off, made on
 // first use and kept, like the pipelines, for the life of the process. nil with `*error` set
 // when the allocation fails.

@@ -1,4 +1,4 @@
-// The CPU's vector loss and gradient terms (csrc/cpu/simd_rows.h) against the scalar math they
+// The CPU's vector loss and gradient terms (csrc/cpu/simd/simd_rows.h) against the scalar math they
 // share with the Metal kernels (kernels/custom_loss_math.h), on a grid of lp = log p, gamma and
 // w that includes the limits (p = 1, p = 0, lp = -inf, NaN, p on both sides of the vector
 // kernels' 1/2 switch to the scalar code). Also the scalar math itself: the float and double
@@ -26,7 +26,7 @@
 #endif
 
 #include "csrc/cpu/float_types.h"
-#include "csrc/cpu/rows_dispatch.h"
+#include "csrc/cpu/simd/rows_dispatch.h"
 #include "kernels/custom_loss_math.h"
 
 #if defined(CHECK_AVX2)
@@ -38,11 +38,12 @@
 #endif
 
 namespace tf_metal_ops {
-#include "csrc/cpu/simd_kernels.h"
+#include "csrc/cpu/simd/simd_kernels.h"
 }  // namespace tf_metal_ops
 
 namespace {
 
+namespace kernels = tf_metal_ops::kernels;
 using tf_metal_ops::LoadBlock;
 using tf_metal_ops::Splat;
 using tf_metal_ops::VF;
@@ -149,8 +150,8 @@ void CheckVectorAgainstScalar(Check* loss, Check* gradient, double rel_tol) {
     for (const float gamma : kGammas) {
       for (const float w : kWeights) {
         const VectorTerms vec = VectorTermsOf(lp, gamma, w);
-        const float want_loss = tfmo::loss_term(lp, w, gamma);
-        const float want_g = tfmo::gradient_term(lp, w, gamma);
+        const float want_loss = kernels::loss_term(lp, w, gamma);
+        const float want_g = kernels::gradient_term(lp, w, gamma);
         if (scalar_lane || gamma == 0.0f) {
           // gamma = 0: the vector loss term is w lp, as the scalar one.
           loss->Exact(vec.loss, want_loss, "loss term", lp, gamma, w);
@@ -172,23 +173,23 @@ void CheckLimits(Check* check) {
   for (const float gamma : kGammas) {
     for (const float w : kWeights) {
       // p = 1 (lp = 0, r = 0): no loss; g = w (gamma = 0) or 0 (gamma > 0), never NaN.
-      check->Exact(tfmo::loss_term(0.0f, w, gamma), gamma == 0.0f ? w * 0.0f : 0.0f,
+      check->Exact(kernels::loss_term(0.0f, w, gamma), gamma == 0.0f ? w * 0.0f : 0.0f,
                    "loss at p = 1", 0.0f, gamma, w);
-      check->Exact(tfmo::gradient_term(0.0f, w, gamma), gamma == 0.0f ? w : 0.0f, "g at p = 1",
+      check->Exact(kernels::gradient_term(0.0f, w, gamma), gamma == 0.0f ? w : 0.0f, "g at p = 1",
                    0.0f, gamma, w);
       // p = 0 (lp = -inf): loss term -inf where weighted, 0 where not; g = w (r = 1, p lp / r = 0).
-      check->Exact(tfmo::loss_term(-kInf, w, gamma), w == 0.0f ? 0.0f : -kInf, "loss at p = 0",
+      check->Exact(kernels::loss_term(-kInf, w, gamma), w == 0.0f ? 0.0f : -kInf, "loss at p = 0",
                    -kInf, gamma, w);
-      check->Exact(tfmo::gradient_term(-kInf, w, gamma), w, "g at p = 0", -kInf, gamma, w);
+      check->Exact(kernels::gradient_term(-kInf, w, gamma), w, "g at p = 0", -kInf, gamma, w);
       // A NaN lp stays NaN where weighted (the row is NaN), 0 where not.
-      check->Exact(tfmo::loss_term(kNaN, w, gamma), w == 0.0f ? 0.0f : kNaN, "loss at NaN", kNaN,
+      check->Exact(kernels::loss_term(kNaN, w, gamma), w == 0.0f ? 0.0f : kNaN, "loss at NaN", kNaN,
                    gamma, w);
       // gradient_parts' g is gradient_term's, bit for bit (a row's G - g_y is then exactly 0).
       for (const float lp : LogProbGrid()) {
-        check->Exact(tfmo::gradient_parts(lp, w, gamma).g, tfmo::gradient_term(lp, w, gamma),
+        check->Exact(kernels::gradient_parts(lp, w, gamma).g, kernels::gradient_term(lp, w, gamma),
                      "gradient_parts.g", lp, gamma, w);
-        const float g = tfmo::gradient_term(lp, w, gamma);
-        check->Exact(tfmo::gradient_value(tfmo::gradient_parts(lp, w, gamma), g),
+        const float g = kernels::gradient_term(lp, w, gamma);
+        check->Exact(kernels::gradient_value(kernels::gradient_parts(lp, w, gamma), g),
                      lp == lp ? 0.0f - g * -std::expm1(lp) : kNaN, "one weighted class at y",
                      lp, gamma, w);
       }
@@ -196,7 +197,7 @@ void CheckLimits(Check* check) {
   }
   // Below one: gamma < 1 has a finite limit at p -> 1 (r^gamma (lp / r) -> 0), not inf * 0.
   for (const float gamma : {0.25f, 0.5f}) {
-    const float g = tfmo::gradient_term(-1e-30f, 1.0f, gamma);
+    const float g = kernels::gradient_term(-1e-30f, 1.0f, gamma);
     check->Exact(std::isfinite(g) ? 0.0f : 1.0f, 0.0f, "finite g as p -> 1", -1e-30f, gamma, 1);
   }
 }
@@ -210,13 +211,13 @@ void CheckFloatAgainstDouble(Check* check, double rel_tol) {
         const double dlp = lp, dgamma = gamma, dw = w;
         // Near p = 1 with gamma > 0 both are r^gamma-small: compare where float has them in its
         // normal range.
-        const double ld = tfmo::loss_term(dlp, dw, dgamma);
+        const double ld = kernels::loss_term(dlp, dw, dgamma);
         if (std::fabs(ld) > 1e-30 || ld == 0 || std::isnan(ld)) {
-          check->Close(tfmo::loss_term(lp, w, gamma), ld, rel_tol, "loss term", lp, gamma, w);
+          check->Close(kernels::loss_term(lp, w, gamma), ld, rel_tol, "loss term", lp, gamma, w);
         }
-        const double gd = tfmo::gradient_term(dlp, dw, dgamma);
+        const double gd = kernels::gradient_term(dlp, dw, dgamma);
         if (std::fabs(gd) > 1e-30 || gd == 0 || std::isnan(gd)) {
-          check->Close(tfmo::gradient_term(lp, w, gamma), gd, rel_tol, "g_c", lp, gamma, w);
+          check->Close(kernels::gradient_term(lp, w, gamma), gd, rel_tol, "g_c", lp, gamma, w);
         }
       }
     }
@@ -226,9 +227,9 @@ void CheckFloatAgainstDouble(Check* check, double rel_tol) {
                              {-5.0f, 1.0f, 40.0f}, {1.0f, 0.0f, 0.0f},  {kInf, 1.0f, 0.0f},
                              {2.0f, 1.0f, kNaN}};
   for (const auto& st : states) {
-    tfmo::LogSumExp<float> f{st[0], st[1], st[2]};
-    tfmo::LogSumExp<double> d{st[0], st[1], st[2]};
-    check->Close(tfmo::lse_finish(f).log_sum, tfmo::lse_finish(d).log_sum, rel_tol, "log_sum",
+    kernels::LogSumExp<float> f{st[0], st[1], st[2]};
+    kernels::LogSumExp<double> d{st[0], st[1], st[2]};
+    check->Close(kernels::lse_finish(f).log_sum, kernels::lse_finish(d).log_sum, rel_tol, "log_sum",
                  st[2], st[0], st[1]);
   }
 }
@@ -256,25 +257,25 @@ double UlpError(float got, double want) {
 void CheckKahan(Check* expm1_check, Check* log1p_check, double max_ulp) {
   for (uint64_t bits = 0x80000000u; bits <= 0xFF800000u; bits += 64) {
     const float x = FromBits(static_cast<uint32_t>(bits));
-    const double err = UlpError(tfmo::math::expm1_nonpositive(x), std::expm1(double(x)));
+    const double err = UlpError(kernels::math::expm1_nonpositive(x), std::expm1(double(x)));
     ++expm1_check->points;
     expm1_check->max_rel = std::max(expm1_check->max_rel, err);
-    if (err > max_ulp) expm1_check->Fail(tfmo::math::expm1_nonpositive(x), std::expm1(double(x)),
+    if (err > max_ulp) expm1_check->Fail(kernels::math::expm1_nonpositive(x), std::expm1(double(x)),
                                          "expm1 ulps", x, 0, 0);
   }
   for (uint64_t bits = 0; bits < 0x7F800000u; bits += 64) {  // finite: see the header
     const float x = FromBits(static_cast<uint32_t>(bits));
-    const double err = UlpError(tfmo::math::log1p_nonnegative(x), std::log1p(double(x)));
+    const double err = UlpError(kernels::math::log1p_nonnegative(x), std::log1p(double(x)));
     ++log1p_check->points;
     log1p_check->max_rel = std::max(log1p_check->max_rel, err);
-    if (err > max_ulp) log1p_check->Fail(tfmo::math::log1p_nonnegative(x), std::log1p(double(x)),
+    if (err > max_ulp) log1p_check->Fail(kernels::math::log1p_nonnegative(x), std::log1p(double(x)),
                                          "log1p ulps", x, 0, 0);
   }
-  expm1_check->Exact(tfmo::math::expm1_nonpositive(-kInf), -1.0f, "expm1(-inf)", -kInf, 0, 0);
-  expm1_check->Exact(tfmo::math::expm1_nonpositive(-0.0f), -0.0f, "expm1(-0)", -0.0f, 0, 0);
-  log1p_check->Exact(tfmo::math::log1p_nonnegative(FromBits(0x7F7FFFFFu)), 88.7228394f,
+  expm1_check->Exact(kernels::math::expm1_nonpositive(-kInf), -1.0f, "expm1(-inf)", -kInf, 0, 0);
+  expm1_check->Exact(kernels::math::expm1_nonpositive(-0.0f), -0.0f, "expm1(-0)", -0.0f, 0, 0);
+  log1p_check->Exact(kernels::math::log1p_nonnegative(FromBits(0x7F7FFFFFu)), 88.7228394f,
                      "log1p(FLT_MAX)", FromBits(0x7F7FFFFFu), 0, 0);
-  log1p_check->Exact(tfmo::math::log1p_nonnegative(0.0f), 0.0f, "log1p(0)", 0.0f, 0, 0);
+  log1p_check->Exact(kernels::math::log1p_nonnegative(0.0f), 0.0f, "log1p(0)", 0.0f, 0, 0);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
-// Accuracy of the CPU kernels' vector math (csrc/cpu/simd_vector.h) against the double-precision
-// libm, over a sample of every float32 bit pattern: prints one JSON object per function with the
-// largest error in float32 ulps and whether every special value came out as specified.
+// Accuracy of the CPU kernels' vector math (csrc/cpu/simd/simd_vector.h) against the
+// double-precision libm, over a sample of every float32 bit pattern: prints one JSON object per
+// function with the largest error in float32 ulps and whether every special value came out as
+// specified.
 //
 // Built twice by tests/test_simd_math.py, as the kernels are: with -DCHECK_AVX2 (8 lanes, AVX2 +
 // FMA + F16C) and without (the 4-lane SSE2 / NEON baseline).
@@ -34,7 +35,7 @@
 #endif
 
 namespace tf_metal_ops {
-#include "csrc/cpu/simd_vector.h"
+#include "csrc/cpu/simd/simd_vector.h"
 }  // namespace tf_metal_ops
 
 using tf_metal_ops::kLanes;

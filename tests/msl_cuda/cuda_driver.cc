@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "csrc/launch_plan.h"
+#include "csrc/metal/launch_plan.h"
 
 namespace {
 

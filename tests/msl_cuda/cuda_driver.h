@@ -1,6 +1,6 @@
 // The Metal kernels on an NVIDIA GPU: kernels/custom_loss.metal compiled unchanged by NVRTC
 // through the CUDA stand-in for <metal_stdlib> (include/metal_stdlib), loaded with the CUDA driver
-// API, and launched with exactly what csrc/launch_plan.cc's gpu::PlanLaunch tells the macOS
+// API, and launched with exactly what csrc/metal/launch_plan.cc's gpu::PlanLaunch tells the macOS
 // encoder: kernel name, grid, threadgroup size, threadgroup memory, the buffer at each index and
 // the params bytes. Test-only (never shipped, never built by CI: it needs a GPU).
 //

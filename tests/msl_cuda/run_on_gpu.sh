@@ -51,7 +51,7 @@ export LD_LIBRARY_PATH="$(dirname "$nvrtc")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 note "NVRTC: $nvrtc"
 
 note "build"
-sources=("$here/cuda_driver.cc" "$repo/csrc/launch_plan.cc")
+sources=("$here/cuda_driver.cc" "$repo/csrc/metal/launch_plan.cc")
 flags=(-std=c++17 -O2 -Wall -Wextra -Werror -I"$repo" -I"$cuda_home/include")
 "${CXX:-g++}" "${flags[@]}" "${sources[@]}" "$here/cuda_driver_main.cc" -ldl -o "$work/tfmo_cuda_main" 2>&1 | tee -a "$log" &&
   "${CXX:-g++}" "${flags[@]}" -fPIC -shared "${sources[@]}" -ldl -o "$work/libtfmo_cuda.so" 2>&1 | tee -a "$log"
@@ -123,7 +123,7 @@ if [ -n "$ncu_bin" ]; then
       --section LaunchStats --launch-skip "$queries" --launch-count 2 \
       "$work/tfmo_cuda_main" synth "$cubin" "$pn" "$pc" "$pd" >"$work/ncu.txt" 2>&1 || status=1
     grep -E 'custom_loss_|Duration|Throughput|Occupancy|Registers Per|Block Size|ERR' "$work/ncu.txt" |
-      sed -E 's/void msl_cuda::entry<&tfmo::(custom_loss_[a-z_]+)<([^>]*)>>\(msl_cuda::LaunchArgs\)/\1<\2>/' |
+      sed -E 's/void msl_cuda::entry<&tf_metal_ops::kernels::(custom_loss_[a-z_]+)<([^>]*)>>\(msl_cuda::LaunchArgs\)/\1<\2>/' |
       cut -c1-160 >>"$out/profile.txt"
   done
 else

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "csrc/launch_plan.h"
+#include "csrc/metal/launch_plan.h"
 #include "tests/msl_host/custom_loss_driver.h"
 
 namespace msl_host {
@@ -72,8 +72,8 @@ inline tf_metal_ops::gpu::LaunchDesc LaunchDescOf(const TfmoEmuCase& c) {
   desc.num_rows = c.num_rows;
   desc.num_classes = c.num_classes;
   desc.dtype = static_cast<gpu::LogitsDtype>(c.dtype);
-  desc.label_kind = static_cast<gpu::LabelKind>(c.label_kind);
-  desc.direction = static_cast<gpu::Direction>(c.direction);
+  desc.label_kind = static_cast<tf_metal_ops::LabelKind>(c.label_kind);
+  desc.direction = static_cast<tf_metal_ops::Direction>(c.direction);
   desc.variant = static_cast<gpu::KernelVariant>(c.variant);
   desc.gamma = c.gamma;
   desc.label_smoothing = c.label_smoothing;

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "csrc/launch_plan.h"
+#include "csrc/metal/launch_plan.h"
 #include "emulator.h"
 #include "memory_traffic.h"
 

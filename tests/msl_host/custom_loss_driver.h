@@ -1,5 +1,5 @@
-// The test driver: one CustomLoss forward or gradient, planned by csrc/launch_plan.cc exactly as
-// the macOS encoder plans it, then executed by the emulator with the plan's kernel name, grid,
+// The test driver: one CustomLoss forward or gradient, planned by csrc/metal/launch_plan.cc exactly
+// as the macOS encoder plans it, then executed by the emulator with the plan's kernel name, grid,
 // threadgroup memory and buffer bindings. A C ABI, so Python (ctypes) and the stand-alone
 // ThreadSanitizer program (custom_loss_driver_main.cc) share it. Field order is mirrored by
 // tests/msl_host/msl_build.py: change both together.
@@ -14,8 +14,8 @@ struct TfmoEmuCase {
   int64_t num_rows;
   int64_t num_classes;
   int32_t dtype;       // gpu::LogitsDtype
-  int32_t label_kind;  // gpu::LabelKind
-  int32_t direction;   // gpu::Direction
+  int32_t label_kind;  // tf_metal_ops::LabelKind
+  int32_t direction;   // tf_metal_ops::Direction
   int32_t variant;     // gpu::KernelVariant (-1 = auto)
   float gamma;
   float label_smoothing;

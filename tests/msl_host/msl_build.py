@@ -1,8 +1,8 @@
 """Builds and drives the Linux verification of the Metal kernels (test helper, not shipped).
 
 * :func:`build_emulator_library`: ``kernels/custom_loss.metal`` compiled as C++ through the shim
-  (``include/metal_stdlib``), the emulator, ``csrc/launch_plan.cc`` and the driver, as one shared
-  library that :class:`Emulator` calls with ctypes.
+  (``include/metal_stdlib``), the emulator, ``csrc/metal/launch_plan.cc`` and the driver, as one
+  shared library that :class:`Emulator` calls with ctypes.
 * :func:`build_tsan_program`: the same sources as a stand-alone program built with
   ``-fsanitize=thread``.
 Both also hold ``sync_examples.metal``: kernels that break the synchronization rules on purpose.
@@ -42,8 +42,9 @@ KERNEL_INPUTS = [
     REPO / "kernels" / "custom_loss.h",
     REPO / "kernels" / "custom_loss_math.h",
     REPO / "kernels" / "custom_loss_params.h",
-    REPO / "csrc" / "launch_plan.h",
-    REPO / "csrc" / "launch_plan.cc",
+    REPO / "csrc" / "loss_kinds.h",
+    REPO / "csrc" / "metal" / "launch_plan.h",
+    REPO / "csrc" / "metal" / "launch_plan.cc",
     HERE / "include" / "metal_stdlib",
     HERE / "msl_host_runtime.h",
     HERE / "emulator.h",
@@ -65,7 +66,7 @@ COMMON_FLAGS = ["-std=c++17", "-Wall", "-Wextra", "-Wno-unused-parameter", "-I",
 # [[buffer(0)]] are unknown to a C++ compiler, which ignores them (warning silenced).
 METAL_AS_CXX = ["-D__METAL__", "-I", str(SHIM_INCLUDE), "-x", "c++"]
 
-# Enum values shared with csrc/launch_plan.h.
+# Enum values shared with csrc/loss_kinds.h and csrc/metal/launch_plan.h.
 DTYPES = {"float32": 0, "float16": 1, "bfloat16": 2}
 LABEL_KINDS = {"int32": 0, "int64": 1, "dense": 2}
 DIRECTIONS = {"forward": 0, "gradient": 1}
@@ -199,7 +200,8 @@ def _object_jobs(flags: List[str], out_dir: Path, with_main: bool) -> List[List[
         flags + ["-c", str(HERE / "emulator.cc"), "-o", str(out_dir / "emulator.o")],
         flags + ["-c", str(HERE / "memory_traffic.cc"), "-o", str(out_dir / "traffic.o")],
         flags + ["-c", str(HERE / "custom_loss_driver.cc"), "-o", str(out_dir / "driver.o")],
-        flags + ["-c", str(REPO / "csrc" / "launch_plan.cc"), "-o", str(out_dir / "plan.o")],
+        flags + ["-c", str(REPO / "csrc" / "metal" / "launch_plan.cc"),
+                 "-o", str(out_dir / "plan.o")],
     ]
     if with_main:
         jobs.append(flags + ["-c", str(HERE / "custom_loss_driver_main.cc"),

@@ -9,9 +9,10 @@
 // - divergent_simd_sum: half of a SIMD-group calls simd_sum inside a branch: refused too.
 #include "kernels/custom_loss.h"
 
-namespace tfmo_examples {
+namespace tf_metal_ops {
+namespace sync_examples {
 
-using namespace metal;
+using namespace ::metal;
 
 [[kernel]] void racy_threadgroup_sum(device float* out [[buffer(0)]],
                                      threadgroup float* acc TFMO_THREADGROUP_ARG(0),
@@ -53,10 +54,14 @@ using namespace metal;
   if (tid == 0u) out[tg_pos.x] = x;
 }
 
-}  // namespace tfmo_examples
+}  // namespace sync_examples
+}  // namespace tf_metal_ops
 
-TFMO_INSTANTIATE_KERNEL("example_racy_threadgroup_sum", tfmo_examples::racy_threadgroup_sum)
-TFMO_INSTANTIATE_KERNEL("example_reduced_threadgroup_sum", tfmo_examples::reduced_threadgroup_sum)
+TFMO_INSTANTIATE_KERNEL("example_racy_threadgroup_sum",
+                        tf_metal_ops::sync_examples::racy_threadgroup_sum)
+TFMO_INSTANTIATE_KERNEL("example_reduced_threadgroup_sum",
+                        tf_metal_ops::sync_examples::reduced_threadgroup_sum)
 TFMO_INSTANTIATE_KERNEL("example_early_return_before_barrier",
-                        tfmo_examples::early_return_before_barrier)
-TFMO_INSTANTIATE_KERNEL("example_divergent_simd_sum", tfmo_examples::divergent_simd_sum)
+                        tf_metal_ops::sync_examples::early_return_before_barrier)
+TFMO_INSTANTIATE_KERNEL("example_divergent_simd_sum",
+                        tf_metal_ops::sync_examples::divergent_simd_sum)

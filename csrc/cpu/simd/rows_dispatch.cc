@@ -1,6 +1,6 @@
 // The choice between the row kernels' instruction-set variants (rows_dispatch.h), made once per
 // process from the CPU's feature bits.
-#include "csrc/cpu/rows_dispatch.h"
+#include "csrc/cpu/simd/rows_dispatch.h"
 
 #include <cstdlib>
 #include <cstring>

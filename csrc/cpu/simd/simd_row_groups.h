@@ -150,7 +150,7 @@ void ComputeRowGroupsTyped(const RowsArgs& args, int64_t begin, int64_t end) {
       if (only_labelled) {
         VF term = lp_y;  // gamma = 0: r^0 lp
         if (gamma != 0.0f) {
-          for (int64_t i = 0; i < rows; ++i) term[i] = tfmo::focal_loss_factor(lp_y[i], gamma);
+          for (int64_t i = 0; i < rows; ++i) term[i] = kernels::focal_loss_factor(lp_y[i], gamma);
         }
         loss = KeepIf(w_y != Splat(0.0f), Splat(0.0f) - w_y * term);
       } else {
@@ -177,7 +177,7 @@ void ComputeRowGroupsTyped(const RowsArgs& args, int64_t begin, int64_t end) {
       VF scale = w_y;  // g_y for gamma = 0
       if (gamma != 0.0f) {
         for (int64_t i = 0; i < rows; ++i) {
-          scale[i] = tfmo::gradient_term(lp_y[i], w_y[i], gamma);
+          scale[i] = kernels::gradient_term(lp_y[i], w_y[i], gamma);
         }
       }
       ScaleOp<float, StoredE> op{StoredE{e}, grad, sm.inv_sum, scale, upstream};

@@ -5,6 +5,6 @@
 // DELIBERATELY NO INCLUDE GUARD: included once per instruction set, inside that set's own
 // namespace (rows_portable.cc, rows_avx2.cc, and tests/cpu_math/shared_math_check.cc), after
 // TF_METAL_OPS_SIMD_LANES is defined and the standard headers are included (see simd_vector.h).
-#include "csrc/cpu/simd_vector.h"
-#include "csrc/cpu/simd_rows.h"
-#include "csrc/cpu/simd_row_groups.h"
+#include "csrc/cpu/simd/simd_vector.h"
+#include "csrc/cpu/simd/simd_rows.h"
+#include "csrc/cpu/simd/simd_row_groups.h"

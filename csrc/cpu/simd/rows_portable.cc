@@ -16,14 +16,14 @@
 #endif
 
 #include "csrc/cpu/float_types.h"
-#include "csrc/cpu/rows_dispatch.h"
+#include "csrc/cpu/simd/rows_dispatch.h"
 #include "kernels/custom_loss_math.h"
 
 namespace tf_metal_ops {
 namespace portable {
 
 #define TF_METAL_OPS_SIMD_LANES 4
-#include "csrc/cpu/simd_kernels.h"
+#include "csrc/cpu/simd/simd_kernels.h"
 
 }  // namespace portable
 }  // namespace tf_metal_ops

@@ -1,4 +1,4 @@
-#include "csrc/error_record_slots.h"
+#include "csrc/metal/error_record_slots.h"
 
 #include <cstring>
 

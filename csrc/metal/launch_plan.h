@@ -24,13 +24,14 @@
 //
 // The kernel variant depends only on the shape (never on the pipeline limits), so KernelName()
 // can be called before the pipeline exists and always equals plan.kernel_name.
-#ifndef TF_METAL_OPS_CSRC_LAUNCH_PLAN_H_
-#define TF_METAL_OPS_CSRC_LAUNCH_PLAN_H_
+#ifndef TF_METAL_OPS_CSRC_METAL_LAUNCH_PLAN_H_
+#define TF_METAL_OPS_CSRC_METAL_LAUNCH_PLAN_H_
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "csrc/loss_kinds.h"
 #include "kernels/custom_loss_params.h"
 
 namespace tf_metal_ops {
@@ -38,10 +39,6 @@ namespace gpu {
 
 // MSL has no double: float64 logits have no Metal kernel.
 enum class LogitsDtype : int32_t { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
-// Same values as tf_metal_ops::LabelKind and tf_metal_ops::Direction in csrc/problem.h, so the
-// encoder can static_cast between them.
-enum class LabelKind : int32_t { kSparseInt32 = 0, kSparseInt64 = 1, kDense = 2 };
-enum class Direction : int32_t { kForward = 0, kGradient = 1 };
 // kAuto picks from the shape; the others force a variant (tests, debugging).
 enum class KernelVariant : int32_t {
   kAuto = -1,
@@ -123,4 +120,4 @@ LaunchPlan PlanLaunch(const LaunchDesc& desc, const PipelineLimits& limits);
 }  // namespace gpu
 }  // namespace tf_metal_ops
 
-#endif  // TF_METAL_OPS_CSRC_LAUNCH_PLAN_H_
+#endif  // TF_METAL_OPS_CSRC_METAL_LAUNCH_PLAN_H_

@@ -1,6 +1,6 @@
 // See launch_plan.h. Every number the GPU is told comes from here; the kernels
 // (kernels/custom_loss.h) document what they assume about it.
-#include "csrc/launch_plan.h"
+#include "csrc/metal/launch_plan.h"
 
 #include <cmath>
 #include <string>

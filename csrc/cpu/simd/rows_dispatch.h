@@ -6,9 +6,9 @@
 // arm64; 4 lanes) and rows_avx2.cc for x86-64 CPUs with AVX2, FMA and F16C (8 lanes). Which one
 // runs is decided once per process from the CPU's feature bits (rows_dispatch.cc), so a wheel
 // built on any machine runs on every x86-64 and arm64 machine; no -march flag is used.
-// Float64 logits take the scalar kernel in custom_loss_cpu.cc (kernels/custom_loss_math.h).
-#ifndef TF_METAL_OPS_CSRC_CPU_ROWS_DISPATCH_H_
-#define TF_METAL_OPS_CSRC_CPU_ROWS_DISPATCH_H_
+// Float64 logits take csrc/cpu/custom_loss_cpu.cc's scalar kernel (kernels/custom_loss_math.h).
+#ifndef TF_METAL_OPS_CSRC_CPU_SIMD_ROWS_DISPATCH_H_
+#define TF_METAL_OPS_CSRC_CPU_SIMD_ROWS_DISPATCH_H_
 
 #include <cstdint>
 
@@ -66,4 +66,4 @@ const char* SelectedRowsIsa();
 
 }  // namespace tf_metal_ops
 
-#endif  // TF_METAL_OPS_CSRC_CPU_ROWS_DISPATCH_H_
+#endif  // TF_METAL_OPS_CSRC_CPU_SIMD_ROWS_DISPATCH_H_

@@ -1,6 +1,6 @@
 // The row kernels for x86-64 CPUs with AVX2, FMA and F16C (8 float lanes, fused multiply-add,
-// hardware half conversions), chosen at run time by SelectRowsKernel (custom_loss_cpu.cc) only
-// on CPUs that report all three. Empty on other architectures.
+// hardware half conversions), chosen at run time by SelectRowsKernel (csrc/cpu/custom_loss_cpu.cc)
+// only on CPUs that report all three. Empty on other architectures.
 //
 // The instruction set is enabled by a target region around this file's own code, not by a
 // compiler flag: every standard header is included before the region, so its inline functions
@@ -19,7 +19,7 @@
 #include <immintrin.h>
 
 #include "csrc/cpu/float_types.h"
-#include "csrc/cpu/rows_dispatch.h"
+#include "csrc/cpu/simd/rows_dispatch.h"
 #include "kernels/custom_loss_math.h"
 
 #if defined(__clang__)
@@ -34,7 +34,7 @@ namespace avx2 {
 
 #define TF_METAL_OPS_SIMD_LANES 8
 #define TMO_SIMD_AVX2 1  // AVX2, FMA and F16C intrinsics may be used
-#include "csrc/cpu/simd_kernels.h"
+#include "csrc/cpu/simd/simd_kernels.h"
 
 }  // namespace avx2
 }  // namespace tf_metal_ops

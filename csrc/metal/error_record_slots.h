@@ -9,8 +9,8 @@
 // completed) get a buffer of their own, as commit-and-wait mode does.
 //
 // Plain C++ and thread-safe: Acquire runs on the stream's queue, Release on Metal's threads.
-#ifndef TF_METAL_OPS_CSRC_ERROR_RECORD_SLOTS_H_
-#define TF_METAL_OPS_CSRC_ERROR_RECORD_SLOTS_H_
+#ifndef TF_METAL_OPS_CSRC_METAL_ERROR_RECORD_SLOTS_H_
+#define TF_METAL_OPS_CSRC_METAL_ERROR_RECORD_SLOTS_H_
 
 #include <mutex>
 #include <vector>
@@ -48,4 +48,4 @@ class ErrorRecordSlots {
 
 }  // namespace tf_metal_ops
 
-#endif  // TF_METAL_OPS_CSRC_ERROR_RECORD_SLOTS_H_
+#endif  // TF_METAL_OPS_CSRC_METAL_ERROR_RECORD_SLOTS_H_

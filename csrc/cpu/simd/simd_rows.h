@@ -248,7 +248,7 @@ TMO_SIMD_INLINE RowSoftmax RowExpSum(const T* z, int64_t num_classes, float max,
   ExpSumOp<kStoreE, T> op{z, e_out, z + num_classes, Splat(max), SplatI(0)};
   const float others_sum = SumOfBlocks(num_classes, op).Total();
   const float ties_sum = ReduceAdd(__builtin_convertvector(op.ties, VF));
-  tfmo::LogSumExp<float> state;
+  kernels::LogSumExp<float> state;
   state.max = max;
   state.ties = ties_sum;
   state.others = others_sum;
@@ -256,7 +256,7 @@ TMO_SIMD_INLINE RowSoftmax RowExpSum(const T* z, int64_t num_classes, float max,
   softmax.max = max;
   // No logit reached the maximum (all -inf or NaN): log(0) = -inf makes every lp NaN. A +inf
   // logit: NaN (custom_loss_math.h's lse_finish).
-  softmax.log_sum = tfmo::lse_finish(state).log_sum;
+  softmax.log_sum = kernels::lse_finish(state).log_sum;
   softmax.inv_sum = 1.0f / (others_sum + ties_sum);
   if (max == std::numeric_limits<float>::infinity()) {
     // The softmax is inf / inf, undefined in floating point. The whole row is NaN, as in the
@@ -343,7 +343,7 @@ struct LossOp {
       const VI fix = NeedsScalar(p);
       if (Any(fix)) {
         for (int i = 0; i < kLanes; ++i) {
-          if (fix[i]) term[i] = tfmo::loss_term(lp[i], w[i], gamma);
+          if (fix[i]) term[i] = kernels::loss_term(lp[i], w[i], gamma);
         }
       }
     }
@@ -434,7 +434,7 @@ struct FocalFactorOp {
     const VI fix = NeedsScalar(p);
     if (Any(fix)) {
       for (int i = 0; i < kLanes; ++i) {
-        if (fix[i]) factor[i] = tfmo::focal_gradient_factor(lp[i], gamma);
+        if (fix[i]) factor[i] = kernels::focal_gradient_factor(lp[i], gamma);
       }
     }
     const VF gc = KeepIf(w != Splat(0.0f), w * factor);
@@ -499,10 +499,10 @@ struct RowKernel {
   void GradientLabelled(const T* z, int64_t label, float w_y, const RowSoftmax& sm,
                         const ESource& e, float upstream, T* grad) const {
     const float lp_y = sm.LogP(Load(z[label]));  // read before the pass may overwrite z (in place)
-    const float g = tfmo::gradient_term(lp_y, w_y, args.gamma);
+    const float g = kernels::gradient_term(lp_y, w_y, args.gamma);
     ScaleOp<T, ESource> op{e, grad, Splat(sm.inv_sum), Splat(g), Splat(upstream)};
     ForEachBlock(num_classes, op);
-    Store(upstream * tfmo::only_class_gradient(lp_y, g), &grad[label]);
+    Store(upstream * kernels::only_class_gradient(lp_y, g), &grad[label]);
   }
 
   // Gradient of a general row with gamma = 0: g_c = w_c, so d/dz_j = p_j W - w_j.
@@ -677,7 +677,7 @@ void ComputeRowsTyped(const RowsArgs& args, int64_t begin, int64_t end) {
                                 : RowExpSum<false>(z, num_classes, max, nullptr);
       float loss = 0.0f;
       if (only_labelled) {
-        loss = 0.0f - tfmo::loss_term(sm.LogP(Load(z[labelled_only])), w_y, args.gamma);
+        loss = 0.0f - kernels::loss_term(sm.LogP(Load(z[labelled_only])), w_y, args.gamma);
       } else {
         loss = kernel.Loss(z, weights, sm, general_focal ? e : nullptr);
       }
