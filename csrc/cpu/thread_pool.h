@@ -2,8 +2,8 @@
 //
 // The C API gives a kernel no access to TensorFlow's intra-op thread pool, so the kernels bring
 // their own. Starting threads on every op execution (tens of microseconds each, plus the cold
-// caches of a new thread) cost more than the work of a 4096 x 1000 batch at 2 threads, so the
-// workers are started once, on first need, and then sleep on a condition variable between jobs.
+// caches of a new thread) can cost more than the work of a moderate batch, so the workers are
+// started once, on first need, and then sleep on a condition variable between jobs.
 //
 // - At most `threads` threads (the caller included) work on one job: the cap of
 //   tf_metal_ops.set_cpu_threads, read at every call.

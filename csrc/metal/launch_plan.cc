@@ -20,10 +20,10 @@ constexpr int64_t kMaxIndex = (int64_t{1} << 31) - 1;
 constexpr int64_t kLaneGroupValuesPerLane = 8;
 constexpr int64_t kThreadgroupValuesPerThread = 16;
 // Threads per row of the row-per-threadgroup kernels, at most: a row of 512 threads leaves room
-// for a second row's threadgroup on a core while the first waits at its barriers. The only
-// measurements of these kernels on a GPU (an NVIDIA H200 through tests/msl_cuda; RESULTS.md there)
-// chose both figures: at 1000 classes 64 threads per row beat 256 by 1.6x; at 32000 and 128256
-// classes 256 to 512 beat 1024 by 1.1x and 1.4x. Apple GPUs share the shape they depend on
+// for a second row's threadgroup on a core while the first waits at its barriers. This cap and
+// kThreadgroupValuesPerThread come from timing these kernels on a GPU (an NVIDIA H200, through
+// tests/msl_cuda): at a thousand classes 64 threads per row (16 values each) beat 256, and at
+// tens of thousands of classes 256 to 512 beat 1024. Apple GPUs share the shape they depend on
 // (32-wide SIMD-groups, up to 1024 threads per threadgroup); no Apple GPU has timed them.
 constexpr uint64_t kMaxThreadsPerRow = 512;
 // Threads per threadgroup of the lane-group variant: 8 SIMD-groups, several threadgroups per core.

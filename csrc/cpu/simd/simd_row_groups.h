@@ -5,8 +5,8 @@
 //
 // With C = 10 a row is one vector plus a tail, and simd_rows.h's per-row work (three horizontal
 // reductions, the scalar log1p of the sum, the labelled element's expm1, loop and tail
-// bookkeeping) costs several times the arithmetic on the row: 77 ns per row forward, on one
-// core, half of it in libm's log1pf and expm1f. Here a group of kLanes rows is copied
+// bookkeeping) costs several times the arithmetic on the row, much of it in libm's scalar
+// log1pf and expm1f. Here a group of kLanes rows is copied
 // transposed into a tile, tile[c * kLanes + i] = z[row i][c], so that one vector holds class c
 // of every row of the group. The per-row quantities (max, sum, log_sum, the loss, G) are then
 // vectors with one lane per row: no horizontal reduction is left, and log1p and expm1 are the

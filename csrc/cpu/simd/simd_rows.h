@@ -13,14 +13,14 @@
 //
 // A gradient given the forward op's row statistics (max, log_sum, 1 / sum; problem.h) skips
 // passes 1 and 2: a cross-entropy row computes e_c where pass 3 uses it, one pass over the row
-// with one read of it (1.3x faster at 65536 x 1000 than three passes); a focal row, whose
-// pass 3 is two passes, stores e_c first. The forward writes the statistics for every row.
+// with one read of it in place of three; a focal row, whose pass 3 is two passes, stores e_c
+// first. The forward writes the statistics for every row.
 //
 // A forward given a reduced loss's row scales (problem.h) runs the gradient's passes on the row
 // it has just summed: pass 2 stores e_c (into the scaled gradient row, for float), the loss is
 // taken, then pass 3 writes the gradient with the row's scale as its upstream, as the gradient
 // op without statistics would. A step then computes exp(z_c - max) once per element instead of
-// twice: at 65536 x 1000 the whole step went from 1.8x to 1.1x the memory floor.
+// twice, and the backward only scales what the forward wrote.
 //
 // p_c is e_c / (others + ties), which is exp(lp_c) with lp_c = (z_c - max) - log_sum as in
 // custom_loss_math.h; reusing e_c saves the second exponential per element. The gradient is
@@ -42,11 +42,11 @@
 #endif
 
 // A row's sums (the softmax's `others`, the loss, G, a dense row's weights) have up to C terms.
-// Added up in float lane by lane, their rounding error grows with C / kLanes; worse, where one
-// lane holds a large term (the labelled class's weight 0.9 beside 0.1 / C for each smoothed
-// class), the many small terms added to it all round the same way: G was 1e-4 off at
-// C = 32000. So SumOfBlocks keeps only the last kFoldVectors vectors of terms in float and folds
-// them into double lanes: the error is that of kFoldVectors float additions plus one final
+// Added up in float lane by lane, their rounding error grows with C / kLanes; worse, where one lane
+// holds a large term (the labelled class's weight 0.9 beside 0.1 / C for each smoothed class), the
+// many small terms added to it all round the same way, so at vocabulary sizes G loses digits that
+// the gradient needs. So SumOfBlocks keeps only the last kFoldVectors vectors of terms in float and
+// folds them into double lanes: the error is that of kFoldVectors float additions plus one final
 // rounding, whatever C (tests/test_vocabulary_scale.py). Folding costs two conversions and two
 // additions per kFoldVectors vectors of terms, each of which took an Exp or more to make. The
 // running sums are the walker's own locals, not members of the op, so they stay in registers.
@@ -81,7 +81,8 @@ TMO_SIMD_INLINE void ForEachBlock(int64_t num_classes, Op& op) {
 // The same walk for ops whose blocks give terms to sum (Op::Term, 0 in a tail's padding
 // lanes): their sum, folded every kFoldVectors vectors (LaneSum above). Rows of few classes,
 // kLanes at a time (simd_row_groups.h), sum at most kMaxGroupClasses terms per lane: kFold =
-// false keeps them in float, where folding cost 5-10% of their time.
+// false keeps them in float, which is accurate enough for so few terms and spares those short
+// rows the folding's conversions.
 template <bool kFold = true, typename Op>
 TMO_SIMD_INLINE LaneSum SumOfBlocks(int64_t num_classes, Op& op) {
   VD folded{};
@@ -215,9 +216,9 @@ TMO_SIMD_INLINE float RowMax(const T* z, int64_t num_classes) {
 //
 // This pass reads the row from the cache and spends its time on Exp, while pass 1 of the next
 // row waits for memory; so it also asks for the next row (`next_z`, into L2: a row of 32000
-// classes would not fit L1 beside the current one). Overlapping the two made both ops 20-30%
-// faster at 4096 x 1000 and 65536 x 1000 (the row kernels alone, one thread, A/B). A prefetch
-// never faults, so the last row of a range may name memory past the tensor.
+// classes would not fit L1 beside the current one). The next row's memory latency is then
+// hidden behind this row's Exp. A prefetch never faults, so the last row of a range may name
+// memory past the tensor.
 template <bool kStoreE, typename T>
 struct ExpSumOp {
   const T* z;
@@ -567,11 +568,11 @@ TMO_SIMD_INLINE int64_t ReadLabelAt(const void* labels, int64_t row) {
 }
 
 // Rows of few classes, kLanes rows at a time: simd_row_groups.h, included after this file.
-// Measured on x86-64 (one thread, 32768-65536 rows, every mode of the loss): the forward is
-// faster in groups up to 48 classes at 8 lanes (3.5x at 10, 2.3x at 16, 1.3-1.5x at 48; even
-// or slower at 64, where a row alone fills its vectors) and up to 32 at 4 lanes; the gradient,
-// which also transposes its output back, up to 32 at 8 lanes and 24 at 4 (past that, smoothed
-// rows lose up to 20%). NEON's crossover is unmeasured; it takes the 4-lane values.
+// The limits are where groups stop paying on x86-64 (one thread, every mode of the loss): the
+// forward gains from them up to 48 classes at 8 lanes and 32 at 4 (by 64 classes a row alone
+// fills its vectors); the gradient, which also transposes its output back, up to 32 at 8 lanes
+// and 24 at 4 (past that, smoothed rows lose). NEON, whose crossover has not been timed, takes
+// the 4-lane limits.
 constexpr int64_t kMaxGroupClassesForward = kLanes >= 8 ? 48 : 32;
 constexpr int64_t kMaxGroupClassesGradient = kLanes >= 8 ? 32 : 24;
 constexpr int64_t kMaxGroupClasses =

@@ -14,8 +14,8 @@
 // half conversions, the lane mask test) because the extensions have no spelling for them.
 //
 // Exp and Log: range reduction plus a polynomial, derived below; exp is within 0.99 ulp and log
-// within 1.89 ulp of the exact value in float32 over their whole range (measured once against
-// the double-precision libm over every 16th float32 bit pattern, both lane widths;
+// within 1.89 ulp of the exact value in float32 over their whole range (against the
+// double-precision libm over every 16th float32 bit pattern, both lane widths;
 // tests/test_simd_math.py checks every 256th in every run), and
 // exact in the special cases: NaN -> NaN, exp(-inf) = 0, exp(x > 88.72) = inf, exp underflows
 // through the subnormals to +0; log(0) = -inf, log(x < 0) = NaN, log(inf) = inf.
@@ -228,9 +228,9 @@ TMO_SIMD_INLINE VF Log(VF x) {
 //   lose every digit: u == 1 exactly, and then log1p(x) = x to float precision).
 // - expm1(x) = (u - 1) * x / log(u) with u = exp(x) rounded (Kahan), by the same argument;
 //   u == 1 gives x, u - 1 == -1 (x below about -17) gives -1, u == inf gives inf.
-// Measured once over every 64th float32 bit pattern against the double-precision libm (both
-// lane widths; tests/test_simd_math.py checks every 256th in every run): log1p within 3.7 ulp,
-// expm1 within 3.9 ulp.
+// Over every 64th float32 bit pattern against the double-precision libm (both lane widths;
+// tests/test_simd_math.py checks every 256th in every run): log1p within 3.7 ulp, expm1 within
+// 3.9 ulp.
 // Special values: log1p(-1) = -inf, log1p(x < -1) = NaN, log1p(inf) = inf, expm1(-inf) = -1;
 // NaN stays NaN.
 TMO_SIMD_INLINE VF Log1p(VF x) {
