@@ -149,37 +149,61 @@ inline void lse_add(thread LogSumExpPartial& s, float z) {
 // A thread walks its classes in blocks of TFMO_LSE_BLOCK: the block's logits are loaded first
 // (independent loads in flight together), its maximum found, the running state rescaled at most
 // once, and the block's exp(z - max) summed plainly in a register before one compensated add.
-// Per element that leaves a compare, an exp and an add, where lse_add spends two compares, a
+// Per element that leaves a max, an exp and three adds, where lse_add spends two compares, a
 // branch and Neumaier's five operations. The state is lse_add's up to rounding: each exp is
 // taken against the block's final maximum (lse_add's intermediate maxima cost a rounding per
-// rescale), a tie is a logit equal to that maximum, and NaN never compares greater, so it never
-// becomes the maximum and lands in `others`. The plain sum of the block's terms, each in [0, 1],
-// adds at most TFMO_LSE_BLOCK - 1 roundings to it, however large C is.
+// rescale), a tie is a logit equal to that maximum, and NaN never becomes the maximum (fmax
+// returns the other operand) and lands in `others`. A tie's term is exp2(0) = 1 exactly, so
+// `others` takes e - t (t = 1 at a tie, else 0), which is exactly 0 at a tie and e elsewhere,
+// without a select. The plain sum of the block's terms, each in [0, 1], adds at most
+// TFMO_LSE_BLOCK - 1 roundings to it, however large C is.
 #define TFMO_LSE_BLOCK 8u
 
 struct LogitBlock {
   float z[TFMO_LSE_BLOCK];
 };
 
-inline void lse_add_block(thread LogSumExpPartial& s, LogitBlock b) {
+// The block's terms, and with kSums (custom_loss_math.h's cross-entropy sums) the block's
+// V += sum v_k and S_v += sum v_k (z_k - max) in the same loop, from the same z_k - max as the
+// exponential. `shifted`, `weight` are only touched with kSums.
+template <bool kSums>
+inline void lse_add_block(thread LogSumExpPartial& s, const thread LogitBlock& b,
+                          const thread float* v, thread CompensatedSum& weight,
+                          thread CompensatedSum& shifted) {
   float block_max = s.max;
-  for (uint k = 0u; k < TFMO_LSE_BLOCK; ++k) block_max = b.z[k] > block_max ? b.z[k] : block_max;
+  for (uint k = 0u; k < TFMO_LSE_BLOCK; ++k) block_max = fmax(b.z[k], block_max);
   if (block_max > s.max) {  // as lse_add: the old maximum and its ties move into `others`
     s.others.sum = (compensated_value(s.others) + s.ties) * math::exp(s.max - block_max);
     s.others.carry = 0.0f;
     s.ties = 0.0f;
+    if (kSums) {
+      shifted.sum = shifted_sum_rebased(compensated_value(shifted), compensated_value(weight),
+                                        s.max, block_max);
+      shifted.carry = 0.0f;
+    }
     s.max = block_max;
   }
   float ties = 0.0f;
   float others = 0.0f;
+  float block_weight = 0.0f;
+  float block_shifted = 0.0f;
   for (uint k = 0u; k < TFMO_LSE_BLOCK; ++k) {
-    const float e = exp_per_logit(b.z[k] - s.max);
-    const bool tie = b.z[k] == s.max;
-    ties += tie ? 1.0f : 0.0f;
-    others += tie ? 0.0f : e;
+    const float d = b.z[k] - s.max;
+    const float e = exp_per_logit(d);
+    const float t = b.z[k] == s.max ? 1.0f : 0.0f;
+    ties += t;
+    others += e - t;
+    if (kSums) {
+      block_weight += v[k];
+      block_shifted += v[k] == 0.0f ? 0.0f : v[k] * d;  // shifted_term(z_k, max, v_k)
+    }
   }
   s.ties += ties;
   compensated_add(s.others, others);
+  if (kSums) {
+    compensated_add(weight, block_weight);
+    compensated_add(shifted, block_shifted);
+  }
 }
 
 // Walks the classes first, first + stride, ... (< num_classes) of one row in blocks of
@@ -195,6 +219,66 @@ inline void for_each_block(thread Visitor& visitor, uint first, uint stride, uin
     visitor.block(c, TFMO_LSE_BLOCK);
   }
   if (c < num_classes) visitor.block(c, (num_classes - c - 1u) / stride + 1u);
+}
+
+// ---- rows read in vectors ----------------------------------------------------------------------
+// The passes that run at every logit of plain and smoothed cross-entropy (the log-sum-exp walk,
+// V alone, the sparse gradient) walk a row in chunks of TFMO_VEC consecutive classes, each read
+// (and in the gradient written) with one vector access instead of TFMO_VEC scalar ones: one
+// address and one load or store per chunk. Every buffer starts aligned to 16 bytes (each tensor
+// is its own MTLBuffer at offset 0), so a chunk that starts at an element index that is a
+// multiple of TFMO_VEC is aligned to its size, as MSL's vector types need. A row starts at
+// element row * C: its classes before the first such index (fewer than TFMO_VEC, when C is not a
+// multiple of TFMO_VEC) and after its last whole chunk are taken one at a time, visitor.one(c).
+// Chunk q of the aligned part holds TFMO_VEC consecutive classes; a row's threads take chunks
+// first, first + threads, ... (a SIMD-group's lanes read one contiguous span per access), and a
+// block is TFMO_BLOCK_CHUNKS of a thread's chunks, TFMO_LSE_BLOCK classes.
+#define TFMO_VEC 4u
+#define TFMO_BLOCK_CHUNKS (TFMO_LSE_BLOCK / TFMO_VEC)
+
+// Chunk `at / TFMO_VEC` of a block, from p (aligned to TFMO_VEC elements).
+template <typename T>
+inline void load_chunk(thread LogitBlock& b, uint at, const device T* p) {
+  const vec<T, 4> v = *reinterpret_cast<const device vec<T, 4>*>(p);
+  for (uint i = 0u; i < TFMO_VEC; ++i) b.z[at + i] = float(v[i]);
+}
+
+template <typename T>
+inline void store_chunk(device T* p, const thread LogitBlock& b, uint at) {
+  vec<T, 4> v;
+  for (uint i = 0u; i < TFMO_VEC; ++i) v[i] = T(b.z[at + i]);
+  *reinterpret_cast<device vec<T, 4>*>(p) = v;
+}
+
+// The chunks of classes [begin, end) (begin aligned, end - begin a multiple of TFMO_VEC):
+// visitor.chunk_block(c, stride, chunks) takes the chunks starting at classes c, c + stride, ...
+// (stride = threads * TFMO_VEC), `chunks` of them (all TFMO_BLOCK_CHUNKS but in the last,
+// partial block).
+template <typename Visitor>
+inline void for_each_chunk_block(thread Visitor& visitor, uint begin, uint end, uint first,
+                                 uint threads) {
+  const uint stride = threads * TFMO_VEC;
+  const uint block_span = (TFMO_BLOCK_CHUNKS - 1u) * stride;
+  uint c = begin + first * TFMO_VEC;
+  // c < end and both are begin plus a multiple of TFMO_VEC: a chunk that starts there ends there.
+  for (; c < end && end - c > block_span; c += block_span + stride) {
+    visitor.chunk_block(c, stride, TFMO_BLOCK_CHUNKS);
+  }
+  if (c < end) visitor.chunk_block(c, stride, (end - c - 1u) / stride + 1u);
+}
+
+// One pass over the row that starts at element `base`: its unaligned head, its chunks, its tail.
+// Every pass that sums something another pass must reproduce bitwise (V) walks this way in both.
+template <typename Visitor>
+inline void walk_row(thread Visitor& visitor, ulong base, uint first, uint threads,
+                     uint num_classes) {
+  const uint misaligned = uint(base % ulong(TFMO_VEC));
+  const uint to_aligned = misaligned == 0u ? 0u : TFMO_VEC - misaligned;
+  const uint head = to_aligned < num_classes ? to_aligned : num_classes;
+  const uint tail = head + (num_classes - head) / TFMO_VEC * TFMO_VEC;
+  for (uint c = first; c < head; c += threads) visitor.one(c);
+  for_each_chunk_block(visitor, head, tail, first, threads);
+  for (uint c = tail + first; c < num_classes; c += threads) visitor.one(c);
 }
 
 inline LseState lse_settle(LogSumExpPartial s) {
@@ -474,7 +558,17 @@ struct RowWeights {
 // relative to this thread's running maximum. The last, partial block is padded with -inf,
 // which changes nothing: it is never a maximum nor a tie (the maximum starts at the lowest
 // finite value), exp(-inf - max) adds exactly 0 to `others`, and its weight is 0.
-template <typename T, typename LabelT, bool kDense, bool kSums>
+// kUnitWeights: every v_c is 1 (sparse labels, no class weights), read from nowhere.
+struct WeightBlock {
+  float v[TFMO_LSE_BLOCK];
+};
+
+template <typename LabelT, bool kDense, bool kUnitWeights>
+inline float walked_weight_of(const thread RowWeights<LabelT, kDense>& weights, uint c) {
+  return kUnitWeights ? 1.0f : weights.walked(c);
+}
+
+template <typename T, typename LabelT, bool kDense, bool kSums, bool kUnitWeights>
 struct LogSumExpPass {
   const device T* row;
   uint stride;
@@ -483,33 +577,41 @@ struct LogSumExpPass {
   CompensatedSum weight;   // V
   CompensatedSum shifted;  // S_v, relative to lse.max
 
-  void block(uint c, uint count) {
+  void one(uint c) {
     LogitBlock b;
-    float v[TFMO_LSE_BLOCK];
+    WeightBlock w;
     for (uint k = 0u; k < TFMO_LSE_BLOCK; ++k) {
-      b.z[k] = k < count ? float(row[c + k * stride]) : -math::infinity<float>();
+      b.z[k] = k == 0u ? float(row[c]) : -math::infinity<float>();
+      w.v[k] = kSums && k == 0u ? walked_weight_of<LabelT, kDense, kUnitWeights>(weights, c) : 0.0f;
     }
-    if (kSums) {
-      for (uint k = 0u; k < TFMO_LSE_BLOCK; ++k) {
-        v[k] = k < count ? weights.walked(c + k * stride) : 0.0f;
+    add(b, w);
+  }
+
+  void chunk_block(uint c, uint chunk_stride, uint chunks) {
+    LogitBlock b;
+    WeightBlock w;
+    for (uint j = 0u; j < TFMO_BLOCK_CHUNKS; ++j) {
+      if (j < chunks) {
+        load_chunk(b, j * TFMO_VEC, row + (c + j * chunk_stride));
+      } else {
+        for (uint i = 0u; i < TFMO_VEC; ++i) b.z[j * TFMO_VEC + i] = -math::infinity<float>();
       }
     }
-    const float old_max = lse.max;
-    lse_add_block(lse, b);
-    if (!kSums) return;
-    if (lse.max > old_max) {
-      shifted.sum = shifted_sum_rebased(compensated_value(shifted), compensated_value(weight),
-                                        old_max, lse.max);
-      shifted.carry = 0.0f;
+    if (kSums) {
+      for (uint j = 0u; j < TFMO_BLOCK_CHUNKS; ++j) {
+        for (uint i = 0u; i < TFMO_VEC; ++i) {
+          w.v[j * TFMO_VEC + i] =
+              j < chunks ? walked_weight_of<LabelT, kDense, kUnitWeights>(
+                               weights, c + j * chunk_stride + i)
+                         : 0.0f;
+        }
+      }
     }
-    float block_weight = 0.0f;
-    float block_shifted = 0.0f;
-    for (uint k = 0u; k < TFMO_LSE_BLOCK; ++k) {
-      block_weight += v[k];
-      block_shifted += shifted_term(b.z[k], lse.max, v[k]);
-    }
-    compensated_add(weight, block_weight);
-    compensated_add(shifted, block_shifted);
+    add(b, w);
+  }
+
+  void add(const thread LogitBlock& b, const thread WeightBlock& w) {
+    lse_add_block<kSums>(lse, b, w.v, weight, shifted);
   }
 };
 
@@ -520,10 +622,20 @@ struct WeightSumPass {
   RowWeights<LabelT, kDense> weights;
   CompensatedSum weight;
 
-  void block(uint c, uint count) {
+  void one(uint c) {
     float v[TFMO_LSE_BLOCK];
-    for (uint k = 0u; k < TFMO_LSE_BLOCK; ++k) {
-      v[k] = k < count ? weights.walked(c + k * stride) : 0.0f;
+    for (uint k = 0u; k < TFMO_LSE_BLOCK; ++k) v[k] = k == 0u ? weights.walked(c) : 0.0f;
+    float block_weight = 0.0f;
+    for (uint k = 0u; k < TFMO_LSE_BLOCK; ++k) block_weight += v[k];
+    compensated_add(weight, block_weight);
+  }
+
+  void chunk_block(uint c, uint chunk_stride, uint chunks) {
+    float v[TFMO_LSE_BLOCK];
+    for (uint j = 0u; j < TFMO_BLOCK_CHUNKS; ++j) {
+      for (uint i = 0u; i < TFMO_VEC; ++i) {
+        v[j * TFMO_VEC + i] = j < chunks ? weights.walked(c + j * chunk_stride + i) : 0.0f;
+      }
     }
     float block_weight = 0.0f;
     for (uint k = 0u; k < TFMO_LSE_BLOCK; ++k) block_weight += v[k];
@@ -560,36 +672,71 @@ struct FocalSumsPass {
 };
 
 // Pass 3 of a sparse row whose g_j off the label is a_j eps / C (0 without smoothing):
-// out_j = scale * (p_j G - g_j), and at_label at y (see process_row).
-template <typename T>
+// out_j = scale * (p_j G - g_j), and at_label at y (see process_row). Per logit that is
+//   p_j = 2^((z_j - max) log2 e - log_sum log2 e)    one subtract, one fma, one exp2
+//   out_j = p_j (scale G) - scale g_j                one fma (a multiply more with class weights)
+// with scale G, scale eps / C and log_sum log2 e taken once per row. The fma rounds once where
+// exp_per_logit(log_prob(...)) rounds lp and then its product with log2 e: the exponent is off
+// by at most the rounding of log_sum log2 e beside that of the result (|log_sum| <= log 2C), so
+// p_j keeps the accuracy of exp_per_logit. A NaN or infinite log_sum (no softmax) still makes
+// every p_j NaN.
+// kWeightedOff: g_j = a_j eps / C (smoothing and class weights), else eps / C: a template
+// argument, so that a row without class weights spends nothing on them per logit.
+template <typename T, bool kWeightedOff>
 struct SparseGradientPass {
   const device T* row;
   device T* out;
   const device float* class_weights;
   uint stride;
   uint label;
-  RowLse ls;
-  float big_g;
-  float scale;
-  float off;          // eps / C
-  bool weighted_off;  // g_j = a_j eps / C, else eps / C
-  T at_label;
+  float max;
+  float log_sum_log2e;  // log_sum log2 e
+  float scaled_g;       // scale G
+  float scaled_off;     // scale eps / C
+  float at_label;       // the value at y, as float (T(at_label) is the stored value)
 
-  void block(uint c, uint count) {
+  float value(float z, float g_off) const {
+    const float p = math::exp2(fma(z - max, 1.44269504088896341f, -log_sum_log2e));
+    return fma(p, scaled_g, -g_off);
+  }
+
+  void one(uint c) {
+    const float v = value(float(row[c]), kWeightedOff ? class_weights[c] * scaled_off : scaled_off);
+    out[c] = T(c == label ? at_label : v);
+  }
+
+  // The label's value replaces the computed one by a select against its offset in the chunk
+  // (one subtraction per chunk); a store to b.z[offset] would put the block in thread memory.
+  void chunk_block(uint c, uint chunk_stride, uint chunks) {
     LogitBlock b;
-    for (uint k = 0u; k < TFMO_LSE_BLOCK; ++k) {
-      b.z[k] = k < count ? float(row[c + k * stride]) : 0.0f;
+    for (uint j = 0u; j < TFMO_BLOCK_CHUNKS; ++j) {
+      if (j < chunks) {
+        load_chunk(b, j * TFMO_VEC, row + (c + j * chunk_stride));
+      } else {
+        for (uint i = 0u; i < TFMO_VEC; ++i) b.z[j * TFMO_VEC + i] = 0.0f;
+      }
     }
-    for (uint k = 0u; k < TFMO_LSE_BLOCK; ++k) {
-      const uint ck = c + k * stride;
-      const float g = weighted_off && k < count ? class_weights[ck] * off : off;
-      const T value = T(scale * (exp_per_logit(log_prob(ls, b.z[k])) * big_g - g));
-      if (k < count) out[ck] = ck == label ? at_label : value;
+    for (uint j = 0u; j < TFMO_BLOCK_CHUNKS; ++j) {
+      const uint cj = c + j * chunk_stride;
+      const uint at = label - cj;  // wraps for a label below the chunk
+      for (uint i = 0u; i < TFMO_VEC; ++i) {
+        const uint k = j * TFMO_VEC + i;
+        const float g = kWeightedOff && j < chunks ? class_weights[cj + i] * scaled_off
+                                                   : scaled_off;
+        const float v = value(b.z[k], g);
+        b.z[k] = at == i ? at_label : v;
+      }
+    }
+    for (uint j = 0u; j < TFMO_BLOCK_CHUNKS; ++j) {
+      if (j < chunks) store_chunk(out + (c + j * chunk_stride), b, j * TFMO_VEC);
     }
   }
 };
 
-// Pass 3 of a row with several weighted classes: out_j = scale * (p_j G - g_j).
+// Pass 3 of a row with several weighted classes (dense targets, focal loss): out_j =
+// scale * (p_j G - g_j), a logit at a time, as FocalSumsPass: class_gradient's exp, log and
+// division outweigh the wait for one load, and eight of them side by side would hold more
+// registers than the rest of the kernel (which every row pays for in occupancy).
 template <typename T, typename LabelT, bool kDense>
 struct GradientPass {
   const device T* row;
@@ -602,20 +749,66 @@ struct GradientPass {
   float scale;
 
   void block(uint c, uint count) {
-    LogitBlock b;
-    float w[TFMO_LSE_BLOCK];
-    for (uint k = 0u; k < TFMO_LSE_BLOCK; ++k) {
-      b.z[k] = k < count ? float(row[c + k * stride]) : 0.0f;
-    }
-    for (uint k = 0u; k < TFMO_LSE_BLOCK; ++k) {
-      w[k] = k < count ? weights.full(c + k * stride) : 0.0f;
-    }
-    for (uint k = 0u; k < TFMO_LSE_BLOCK; ++k) {  // a fixed count: the arrays stay in registers
-      const float lp = log_prob(ls, b.z[k]);
-      if (k < count) out[c + k * stride] = T(scale * class_gradient(lp, w[k], gamma, big_g));
+    for (uint k = 0u; k < count; ++k) {
+      const uint ck = c + k * stride;
+      const float lp = log_prob(ls, float(row[ck]));
+      out[ck] = T(scale * class_gradient(lp, weights.full(ck), gamma, big_g));
     }
   }
 };
+
+// Pass 3 of a sparse row (SparseGradientPass).
+template <typename T, bool kWeightedOff>
+inline void walk_sparse_gradient(const device T* row, device T* out,
+                                 const device float* class_weights, uint label, RowLse ls,
+                                 float scaled_g, float scaled_off, float at_label, ulong base,
+                                 uint first, uint stride, uint num_classes) {
+  SparseGradientPass<T, kWeightedOff> pass;
+  pass.row = row;
+  pass.out = out;
+  pass.class_weights = class_weights;
+  pass.stride = stride;
+  pass.label = label;
+  pass.max = ls.max;
+  pass.log_sum_log2e = ls.log_sum * 1.44269504088896341f;
+  pass.scaled_g = scaled_g;
+  pass.scaled_off = scaled_off;
+  pass.at_label = at_label;
+  walk_row(pass, base, first, stride, num_classes);
+}
+
+// The labelled logit z_y of a valid sparse row (0 otherwise), read where the kernels call this:
+// after pass 1's loads and before its reduction, whose barrier then covers the load's wait
+// instead of pass 2 waiting for it alone.
+struct LabelLogit {
+  bool valid;   // a sparse row whose label is in [0, C)
+  uint label;
+  float value;  // z_y once read
+};
+
+template <typename T>
+inline void read_label_logit(thread LabelLogit& y, const device T* row) {
+  y.value = y.valid ? float(row[y.label]) : 0.0f;
+}
+
+// Pass 1 with V and S_v, reduced over the row's threads.
+template <typename T, typename LabelT, bool kDense, bool kUnitWeights, typename Reduce>
+inline LseState walk_lse_sums(const device T* row, RowWeights<LabelT, kDense> weights, ulong base,
+                              uint first, uint stride, uint num_classes, Reduce reduce,
+                              thread LabelLogit& y, thread float& shifted_total,
+                              thread float& weight_total) {
+  LogSumExpPass<T, LabelT, kDense, true, kUnitWeights> pass;
+  pass.row = row;
+  pass.stride = stride;
+  pass.weights = weights;
+  pass.lse = lse_partial_empty();
+  pass.weight = compensated_zero();
+  pass.shifted = compensated_zero();
+  walk_row(pass, base, first, stride, num_classes);
+  read_label_logit(y, row);
+  return reduce.lse_sums(lse_settle(pass.lse), compensated_value(pass.shifted),
+                         compensated_value(pass.weight), shifted_total, weight_total);
+}
 
 // The passes over a row, each reading its logits once:
 //   1. log-sum-exp (skipped by a gradient given row_stats),
@@ -641,6 +834,65 @@ inline void process_row(const device T* logits, const device LabelT* labels,
   const bool want_gradient = kGradient || params.has_row_scales != 0u;
   long label;
   const uint status = row_status<LabelT, kDense>(labels, row, params, label);
+  const float gamma = params.gamma;
+  const bool single = single_weighted_class<kDense>(params);
+  // Cross-entropy with several weighted classes: W and S come from pass 1 (custom_loss_math.h),
+  // and there is no pass 2.
+  const bool sums_in_walk = !single && gamma == 0.0f;
+  RowWeights<LabelT, kDense> weights;
+  weights.labels = labels;
+  weights.base = base;
+  weights.label = label;
+  weights.class_weights = class_weights;
+  weights.params = &params;
+
+  // Pass 1: log-sum-exp of the row (and V, S_v).
+  RowLse ls;
+  LseState state = lse_empty<float>();
+  float walked_weight = 0.0f;   // V: sum_c a_c (sparse) or sum_c w_c (dense)
+  float walked_shifted = 0.0f;  // S_v: sum_c v_c (z_c - max)
+  LabelLogit label_logit;
+  label_logit.valid = !kDense && status == TFMO_ROW_VALID;
+  label_logit.label = uint(label);
+  label_logit.value = 0.0f;
+  if (kGradient && with_stats) {
+    ls = read_row_stats(stats_in, row);
+    read_label_logit(label_logit, logits + base);
+    if (sums_in_walk) {
+      if (!kDense && params.has_class_weights == 0u) {
+        walked_weight = float(num_classes);  // the walk's sum of ones, exact below 2^24
+      } else {
+        WeightSumPass<LabelT, kDense> pass;
+        pass.stride = stride;
+        pass.weights = weights;
+        pass.weight = compensated_zero();
+        walk_row(pass, base, first, stride, num_classes);
+        walked_weight = reduce.sum(compensated_value(pass.weight));
+      }
+    }
+  } else {
+    if (sums_in_walk && !kDense && params.has_class_weights == 0u) {
+      state = walk_lse_sums<T, LabelT, kDense, true>(logits + base, weights, base, first, stride,
+                                                     num_classes, reduce, label_logit,
+                                                     walked_shifted, walked_weight);
+    } else if (sums_in_walk) {
+      state = walk_lse_sums<T, LabelT, kDense, false>(logits + base, weights, base, first, stride,
+                                                      num_classes, reduce, label_logit,
+                                                      walked_shifted, walked_weight);
+    } else {
+      LogSumExpPass<T, LabelT, kDense, false, false> pass;
+      pass.row = logits + base;
+      pass.stride = stride;
+      pass.lse = lse_partial_empty();
+      walk_row(pass, base, first, stride, num_classes);
+      read_label_logit(label_logit, logits + base);
+      state = reduce.lse(lse_settle(pass.lse));
+    }
+    ls = lse_finish(state);
+  }
+
+  // The row's status is known only once its label has arrived: pass 1 does not wait for it (its
+  // loads are in flight together with the label's), and a row that is not valid discards it.
   if (status != TFMO_ROW_VALID) {  // uniform over the row: its threads leave together
     const float fill = status == TFMO_ROW_IGNORED ? 0.0f : NAN;
     if (status == TFMO_ROW_BAD_LABEL && leader) record_bad_label(error_record, row, label);
@@ -659,60 +911,7 @@ inline void process_row(const device T* logits, const device LabelT* labels,
     return;
   }
 
-  const float gamma = params.gamma;
-  const bool single = single_weighted_class<kDense>(params);
-  // Cross-entropy with several weighted classes: W and S come from pass 1 (custom_loss_math.h),
-  // and there is no pass 2.
-  const bool sums_in_walk = !single && gamma == 0.0f;
-  RowWeights<LabelT, kDense> weights;
-  weights.labels = labels;
-  weights.base = base;
-  weights.label = label;
-  weights.class_weights = class_weights;
-  weights.params = &params;
-
-  // Pass 1: log-sum-exp of the row (and V, S_v).
-  RowLse ls;
-  float walked_weight = 0.0f;   // V: sum_c a_c (sparse) or sum_c w_c (dense)
-  float walked_shifted = 0.0f;  // S_v: sum_c v_c (z_c - max)
-  if (kGradient && with_stats) {
-    ls = read_row_stats(stats_in, row);
-    if (sums_in_walk) {
-      if (!kDense && params.has_class_weights == 0u) {
-        walked_weight = float(num_classes);  // the walk's sum of ones, exact below 2^24
-      } else {
-        WeightSumPass<LabelT, kDense> pass;
-        pass.stride = stride;
-        pass.weights = weights;
-        pass.weight = compensated_zero();
-        for_each_block(pass, first, stride, num_classes);
-        walked_weight = reduce.sum(compensated_value(pass.weight));
-      }
-    }
-  } else {
-    LseState state;
-    if (sums_in_walk) {
-      LogSumExpPass<T, LabelT, kDense, true> pass;
-      pass.row = logits + base;
-      pass.stride = stride;
-      pass.weights = weights;
-      pass.lse = lse_partial_empty();
-      pass.weight = compensated_zero();
-      pass.shifted = compensated_zero();
-      for_each_block(pass, first, stride, num_classes);
-      state = reduce.lse_sums(lse_settle(pass.lse), compensated_value(pass.shifted),
-                              compensated_value(pass.weight), walked_shifted, walked_weight);
-    } else {
-      LogSumExpPass<T, LabelT, kDense, false> pass;
-      pass.row = logits + base;
-      pass.stride = stride;
-      pass.lse = lse_partial_empty();
-      for_each_block(pass, first, stride, num_classes);
-      state = reduce.lse(lse_settle(pass.lse));
-    }
-    ls = lse_finish(state);
-    if (!kGradient && with_stats && leader) write_row_stats(stats_out, row, state, ls);
-  }
+  if (!kGradient && with_stats && leader) write_row_stats(stats_out, row, state, ls);
 
   // Pass 2: the row's sums, -loss = sum_c w_c r_c^gamma lp_c and G = sum_c g_c, as needed.
   float loss_total = 0.0f;
@@ -721,7 +920,7 @@ inline void process_row(const device T* logits, const device LabelT* labels,
   if (single) {
     const uint y = uint(label);
     const float w = class_weight<LabelT, kDense>(labels, base, label, y, class_weights, params);
-    lp_label = log_prob(ls, float(logits[base + y]));
+    lp_label = log_prob(ls, label_logit.value);
     if (want_loss) loss_total = loss_term(lp_label, w, gamma);
     if (want_gradient) big_g = gradient_term(lp_label, w, gamma);
   } else if (sums_in_walk) {
@@ -732,7 +931,7 @@ inline void process_row(const device T* logits, const device LabelT* labels,
       const float a_y = params.has_class_weights != 0u ? class_weights[y] : 1.0f;
       const float label_weight = params.smooth_on * a_y;
       total_weight = sparse_total_weight(label_weight, params.smooth_off, walked_weight);
-      const float z_y = float(logits[base + y]);
+      const float z_y = label_logit.value;
       lp_label = log_prob(ls, z_y);
       if (want_loss) {
         shifted = params.smooth_off * walked_shifted + shifted_term(z_y, ls.max, label_weight);
@@ -776,22 +975,17 @@ inline void process_row(const device T* logits, const device LabelT* labels,
     // lp_y and w_y, once per thread. The loop then needs no 64-bit compare with the label.
     const uint y = uint(label);
     const float w_y = class_weight<LabelT, kDense>(labels, base, label, y, class_weights, params);
-    const T at_label = T(scale * class_gradient(lp_label, w_y, gamma, big_g));
     const float off = params.smooth_off;
-    const bool weighted_off = off != 0.0f && params.has_class_weights != 0u;  // uniform
-    SparseGradientPass<T> pass;
-    pass.row = logits + base;
-    pass.out = grad_out + base;
-    pass.class_weights = class_weights;
-    pass.stride = stride;
-    pass.label = y;
-    pass.ls = ls;
-    pass.big_g = big_g;
-    pass.scale = scale;
-    pass.off = off;
-    pass.weighted_off = weighted_off;
-    pass.at_label = at_label;
-    for_each_block(pass, first, stride, num_classes);
+    const float at_label = float(T(scale * class_gradient(lp_label, w_y, gamma, big_g)));
+    if (off != 0.0f && params.has_class_weights != 0u) {  // uniform
+      walk_sparse_gradient<T, true>(logits + base, grad_out + base, class_weights, y, ls,
+                                    scale * big_g, scale * off, at_label, base, first, stride,
+                                    num_classes);
+    } else {
+      walk_sparse_gradient<T, false>(logits + base, grad_out + base, class_weights, y, ls,
+                                     scale * big_g, scale * off, at_label, base, first, stride,
+                                     num_classes);
+    }
     return;
   }
   GradientPass<T, LabelT, kDense> pass;
