@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -47,6 +48,12 @@ OURS_METHODS = [(0.0, "old", "ours"), (0.0, "stats", "ours_stats"),
                 (0.0, "reduced", "ours_reduced"), (SMOOTHING, "old", "ours_smooth"),
                 (SMOOTHING, "stats", "ours_smooth_stats"),
                 (SMOOTHING, "reduced", "ours_smooth_reduced")]
+# QUICK=1 (a probe between full runs): three shapes, ours old and reduced and Liger, no torch and
+# no threadgroup-size sweep.
+QUICK = os.environ.get("QUICK", "0") == "1"
+if QUICK:
+    SHAPES = [(65536, 1000), (512, 32000), (8192, 128256)]
+    OURS_METHODS = [m for m in OURS_METHODS if m[1] != "stats"]
 
 
 def bench(fn) -> float:
@@ -210,7 +217,7 @@ def _one_configuration(ours, liger, row: dict, sweep: list, x, y, up, loss, grad
             del x64, ref_loss, ref_grad
         row[key + suffix] = measure(fn)
     xt = x.clone().requires_grad_(True)
-    for eps, key in ((0.0, "torch"), (SMOOTHING, "torch_smooth")):
+    for eps, key in (() if QUICK else ((0.0, "torch"), (SMOOTHING, "torch_smooth"))):
         def torch_step(eps=eps):
             xt.grad = None
             F.cross_entropy(xt, y, label_smoothing=eps).backward()
@@ -229,7 +236,7 @@ def _one_configuration(ours, liger, row: dict, sweep: list, x, y, up, loss, grad
                 row[key + "_error"] = f"{type(e).__name__}: {e}"[:300]
         del xl
     # The threadgroup size (PlanLaunch under a lowered pipeline limit; the other variant forced).
-    if x.dtype == torch.float32:
+    if x.dtype == torch.float32 and not QUICK:
         settings = [(m, -1) for m in SWEEP_LIMITS] + [(1024, int(c > 256))]
         seen = []
         for limit, variant in settings:

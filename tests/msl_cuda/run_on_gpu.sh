@@ -11,6 +11,10 @@
 # PyTorch), g++, compute-sanitizer, python3 with numpy, pytest, torch and triton; liger-kernel is
 # optional (its rows say so when it is missing). Writes RESULTS_DIR/RESULTS.md (the summary) and
 # the logs beside it. Exit status: 0 when every step passed.
+#
+# A probe between full runs: QUICK=1 times three shapes, ours reduced and old against Liger
+# (gpu_bench.py's QUICK), and skips the sanitizers, ncu and the summary; CUBIN=FILE takes a cubin
+# compiled elsewhere by `tfmo_cuda_main compile` (the same NVRTC version) instead of compiling.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
@@ -61,7 +65,9 @@ if [ ! -x "$work/tfmo_cuda_main" ] || [ ! -f "$work/libtfmo_cuda.so" ]; then
 fi
 cubin="$work/custom_loss.cubin"
 start=$(date +%s%N)
-if ! "$work/tfmo_cuda_main" compile "$repo" "$cubin" "$arch" >"$out/nvrtc_log.txt" 2>&1; then
+if [ -n "${CUBIN:-}" ]; then
+  cp "$CUBIN" "$cubin" && echo "cubin from $CUBIN" >"$out/nvrtc_log.txt"
+elif ! "$work/tfmo_cuda_main" compile "$repo" "$cubin" "$arch" >"$out/nvrtc_log.txt" 2>&1; then
   note "FAIL: NVRTC"
   tail -30 "$out/nvrtc_log.txt" | tee -a "$log"
   exit 1
@@ -86,6 +92,10 @@ note "timing"
 timeout "${BENCH_TIMEOUT:-600}" python3 "$here/gpu_bench.py" "$work/libtfmo_cuda.so" "$cubin" "$out/bench.json" 2>&1 |
   tail -25 | tee -a "$log" || status=1
 [ -s "$out/bench.json" ] || status=1
+if [ "${QUICK:-0}" = 1 ]; then
+  note "quick: no sanitizers, ncu or summary; exit $status"
+  exit $status
+fi
 
 note "compute-sanitizer"
 sanitizer=$(command -v compute-sanitizer || ls "$cuda_home"/bin/compute-sanitizer \
