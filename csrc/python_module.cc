@@ -5,10 +5,15 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <chrono>
 #include <cstring>
+#include <future>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "csrc/cpu/memory_floor.h"
@@ -64,6 +69,136 @@ size_t SlotIndex(const HostErrorRecordSlab& slab, int slot) {
                                 "), got " + std::to_string(slot));
   }
   return static_cast<size_t>(slot);
+}
+
+// The op a record is for, from the hooks' arguments (node, direction, row_dims, num_classes,
+// ignore_class), as the Metal path copies it into its completion handler.
+CustomLossProblem HookProblem(const std::string& node_name, const std::string& direction,
+                              std::vector<int64_t> row_dims, int64_t num_classes,
+                              bool has_ignore_class, int64_t ignore_class) {
+  CustomLossProblem problem;
+  if (direction == "forward") {
+    problem.attrs.direction = Direction::kForward;
+  } else if (direction == "gradient") {
+    problem.attrs.direction = Direction::kGradient;
+  } else {
+    throw std::invalid_argument("direction must be 'forward' or 'gradient', got '" + direction +
+                                "'");
+  }
+  if (num_classes < 1) {
+    throw std::invalid_argument("num_classes must be >= 1, got " + std::to_string(num_classes));
+  }
+  problem.attrs.node_name = node_name;
+  problem.attrs.has_ignore_class = has_ignore_class;
+  problem.attrs.ignore_class = ignore_class;
+  problem.num_classes = num_classes;
+  problem.row_dims = std::move(row_dims);
+  problem.num_rows = 1;
+  for (int64_t d : problem.row_dims) problem.num_rows *= d;
+  return problem;
+}
+
+// A stand-in for a tensorflow-metal stream and the GPU behind it, for the tests of
+// check_errors()'s wait (host_stream_* hooks). A commit-mode launch leaves a completion handler
+// in the stream's current command buffer, which runs only once the buffer is committed (the
+// plugin's batching, or check_errors()'s flush) and finished. Here the GPU is a detached thread
+// per committed buffer: it completes the buffer after `gpu_seconds` and runs its handlers
+// `handler_seconds` later, as Metal runs them on its own threads, possibly after the buffer's
+// waiters have returned. The handlers do what the Metal path's do: report, then finish.
+struct HostLaunch {
+  CustomLossProblem problem;
+  std::string record;
+  uint64_t ticket;
+};
+
+class HostStream {
+ public:
+  HostStream(double gpu_seconds, double handler_seconds)
+      : gpu_(gpu_seconds), handler_(handler_seconds) {}
+
+  void Encode(HostLaunch launch) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    current_.push_back(std::move(launch));
+  }
+
+  // Commits the current command buffer; the future is its completion (not its handlers').
+  std::shared_future<void> Commit() {
+    std::vector<HostLaunch> launches;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      launches.swap(current_);
+    }
+    auto completed = std::make_shared<std::promise<void>>();
+    std::shared_future<void> done = completed->get_future().share();
+    std::thread([launches = std::move(launches), completed, gpu = gpu_, handler = handler_] {
+      std::this_thread::sleep_for(gpu);
+      completed->set_value();
+      std::this_thread::sleep_for(handler);
+      for (const HostLaunch& launch : launches) {
+        ReportCompletedErrorRecord(launch.problem, launch.record.data(), launch.record.size());
+        FinishOutstandingLaunch(launch.ticket);
+      }
+    }).detach();
+    return done;
+  }
+
+  // The protocol's commitAndWait: returns once the buffer has completed.
+  void CommitAndWait() {
+    Commit().wait();
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++flushes_;
+  }
+
+  int flushes() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return flushes_;
+  }
+
+ private:
+  const std::chrono::duration<double> gpu_;
+  const std::chrono::duration<double> handler_;
+  std::mutex mutex_;
+  std::vector<HostLaunch> current_;
+  int flushes_ = 0;
+};
+
+// The installed host stream (never destroyed: a flush may still hold it), and the flush that was
+// registered before it.
+struct HostStreamSlot {
+  std::mutex mutex;
+  std::shared_ptr<HostStream> stream;
+  CommandBufferFlush replaced = nullptr;
+  bool flush_installed = false;
+};
+HostStreamSlot& HostStreams() {
+  static auto* slot = new HostStreamSlot();
+  return *slot;
+}
+
+std::shared_ptr<HostStream> TestStream() {
+  HostStreamSlot& slot = HostStreams();
+  std::lock_guard<std::mutex> lock(slot.mutex);
+  if (!slot.stream) throw std::invalid_argument("call host_stream_install(...) first");
+  return slot.stream;
+}
+
+Error HostStreamFlush() {
+  std::shared_ptr<HostStream> stream;
+  {
+    HostStreamSlot& slot = HostStreams();
+    std::lock_guard<std::mutex> lock(slot.mutex);
+    stream = slot.stream;
+  }
+  if (stream) stream->CommitAndWait();
+  return Error::Ok();
+}
+
+py::object ErrorOrNone(const Error& error) {
+  if (error.ok()) return py::none();
+  py::tuple taken(2);
+  taken[0] = py::int_(static_cast<int>(error.code));
+  taken[1] = py::str(error.message);
+  return std::move(taken);
 }
 
 void DefineModule(py::module_& m) {
@@ -123,14 +258,21 @@ void DefineModule(py::module_& m) {
   // py::class_, py::cast or py::make_tuple, whose failure paths would bind the macOS build to
   // more of libc++'s run-time type information: tests/cross/macos_stubs/libc++.tbd.)
   m.def("has_pending_error", [] { return py::bool_(HasPendingError()); });
-  m.def("take_pending_error", []() -> py::object {
-    const Error error = TakePendingError();
-    if (error.ok()) return py::none();
-    py::tuple taken(2);
-    taken[0] = py::int_(static_cast<int>(error.code));
-    taken[1] = py::str(error.message);
-    return std::move(taken);
-  });
+  m.def("take_pending_error", []() -> py::object { return ErrorOrNone(TakePendingError()); });
+  // check_errors()'s wait for the launches that may still report (WaitForOutstandingLaunches):
+  // None, or (code, message) when it failed or timed out. timeout_seconds < 0: no limit.
+  m.def(
+      "wait_for_outstanding_launches",
+      [](double timeout_seconds) -> py::object {
+        Error error;
+        {
+          py::gil_scoped_release release;  // the handlers and the flush never need the GIL
+          error = WaitForOutstandingLaunches(timeout_seconds);
+        }
+        return ErrorOrNone(error);
+      },
+      py::arg("timeout_seconds"));
+  m.def("outstanding_launches", &OutstandingLaunches);
   // What the Metal completion handler does with a finished kernel's error record, callable with
   // a record from anywhere (the Linux emulator's, in the tests): `record` is the record's bytes
   // and the rest describes the op the kernel ran for. Returns whether the record held an error.
@@ -139,26 +281,8 @@ void DefineModule(py::module_& m) {
       [](py::bytes record, const std::string& node_name, const std::string& direction,
          std::vector<int64_t> row_dims, int64_t num_classes, bool has_ignore_class,
          int64_t ignore_class) {
-        CustomLossProblem problem;
-        if (direction == "forward") {
-          problem.attrs.direction = Direction::kForward;
-        } else if (direction == "gradient") {
-          problem.attrs.direction = Direction::kGradient;
-        } else {
-          throw std::invalid_argument("direction must be 'forward' or 'gradient', got '" +
-                                      direction + "'");
-        }
-        if (num_classes < 1) {
-          throw std::invalid_argument("num_classes must be >= 1, got " +
-                                      std::to_string(num_classes));
-        }
-        problem.attrs.node_name = node_name;
-        problem.attrs.has_ignore_class = has_ignore_class;
-        problem.attrs.ignore_class = ignore_class;
-        problem.num_classes = num_classes;
-        problem.row_dims = std::move(row_dims);
-        problem.num_rows = 1;
-        for (int64_t d : problem.row_dims) problem.num_rows *= d;
+        const CustomLossProblem problem = HookProblem(node_name, direction, std::move(row_dims),
+                                                      num_classes, has_ignore_class, ignore_class);
         const std::string bytes = record;  // a copy: the GIL is released below
         bool held;
         {
@@ -169,6 +293,56 @@ void DefineModule(py::module_& m) {
       },
       py::arg("record"), py::arg("node_name"), py::arg("direction"), py::arg("row_dims"),
       py::arg("num_classes"), py::arg("has_ignore_class"), py::arg("ignore_class"));
+
+  // The host stand-in for a tensorflow-metal stream (HostStream above). install registers its
+  // flush in check_errors()'s wait, as the Metal path registers its streams'; uninstall puts back
+  // the one it replaced. encode takes the arguments of report_completed_error_record and leaves
+  // the launch outstanding in the stream's current command buffer; commit is the plugin's
+  // batching commit, without a wait.
+  m.def(
+      "host_stream_install",
+      [](double gpu_seconds, double handler_seconds, bool flush) {
+        if (gpu_seconds < 0 || handler_seconds < 0) {
+          throw std::invalid_argument("gpu_seconds and handler_seconds must be >= 0");
+        }
+        HostStreamSlot& slot = HostStreams();
+        std::lock_guard<std::mutex> lock(slot.mutex);
+        slot.stream = std::make_shared<HostStream>(gpu_seconds, handler_seconds);
+        if (flush && !slot.flush_installed) {
+          slot.replaced = SetCommandBufferFlush(&HostStreamFlush);
+          slot.flush_installed = true;
+        } else if (!flush && slot.flush_installed) {
+          SetCommandBufferFlush(slot.replaced);
+          slot.flush_installed = false;
+        }
+      },
+      py::arg("gpu_seconds"), py::arg("handler_seconds"), py::arg("flush") = true);
+  m.def("host_stream_uninstall", [] {
+    HostStreamSlot& slot = HostStreams();
+    std::lock_guard<std::mutex> lock(slot.mutex);
+    if (slot.flush_installed) SetCommandBufferFlush(slot.replaced);
+    slot.flush_installed = false;
+    slot.stream.reset();
+  });
+  m.def(
+      "host_stream_encode",
+      [](py::bytes record, const std::string& node_name, const std::string& direction,
+         std::vector<int64_t> row_dims, int64_t num_classes, bool has_ignore_class,
+         int64_t ignore_class) {
+        std::shared_ptr<HostStream> stream = TestStream();
+        HostLaunch launch{HookProblem(node_name, direction, std::move(row_dims), num_classes,
+                                      has_ignore_class, ignore_class),
+                          std::string(record), 0};
+        launch.ticket = BeginOutstandingLaunch();
+        stream->Encode(std::move(launch));
+      },
+      py::arg("record"), py::arg("node_name"), py::arg("direction"), py::arg("row_dims"),
+      py::arg("num_classes"), py::arg("has_ignore_class"), py::arg("ignore_class"));
+  m.def("host_stream_commit", [] {
+    std::shared_ptr<HostStream> stream = TestStream();
+    stream->Commit();
+  });
+  m.def("host_stream_flushes", [] { return TestStream()->flushes(); });
 
   // The slot bookkeeping of the Metal path's error-record slab (csrc/metal/error_record_slots.h),
   // over one slab in host memory, for tests: host_slab_write stands in for the kernel's writes.
