@@ -25,6 +25,12 @@
 // Both: C need not be a multiple of anything (threads stride, idle threads reduce identities);
 // rows past N (the last, partial threadgroup) return early, as whole lane groups or whole
 // threadgroups, so every barrier and SIMD-group function is reached by all live threads.
+// The gradient a kernel writes may be bound over its logits (TensorFlow forwards the logits'
+// buffer to it when nothing else holds them), so a row's logits are read before the row's
+// gradient is written over them: each thread reads only its own classes in every pass, writing
+// each after reading it, except the label's logit z_y, which every thread of a sparse row needs;
+// label_logit orders that read (rowtg: a barrier) or hands the value around (rowsimd: from y's
+// own lane, by butterfly) before pass 3.
 //
 // Out-of-range sparse labels (not ignore_class): the row's loss / gradient is NaN and the first
 // lane of the row reports it in the error record (custom_loss_params.h) with atomics; the host
@@ -374,6 +380,18 @@ struct ThreadgroupReduce {
     x_total = simd_sum(lane < sg_count ? scratch[3u * sg_count + lane] : 0.0f);
     y_total = simd_sum(lane < sg_count ? scratch[4u * sg_count + lane] : 0.0f);
   }
+
+  // The label's logit z_y, in every thread of the row. With `writes_follow` (pass 3 writes the
+  // row's gradient, which may be bound over the logits: csrc/metal/custom_loss_metal.mm), the
+  // barrier puts every thread's read before the write of y's own thread: nothing else orders
+  // them, as no reduction follows pass 2 here.
+  template <typename T>
+  float label_logit(const device T* row, uint y, uint first, uint stride,
+                    bool writes_follow) const {
+    const float z = float(row[y]);
+    if (writes_follow) threadgroup_barrier(mem_flags::mem_device);
+    return z;
+  }
 };
 
 struct LaneGroupReduce {
@@ -404,6 +422,29 @@ struct LaneGroupReduce {
   void sum2(float x, float y, thread float& x_total, thread float& y_total) const {
     x_total = group_sum(x, lanes);
     y_total = group_sum(y, lanes);
+  }
+
+  // The label's logit z_y, in every lane of the group. With `writes_follow` (pass 3 may write
+  // over the logits) only y's own lane reads it, before its own writes in program order, and
+  // the butterfly hands its bits to the others through registers: no lane reads memory another
+  // lane writes, so no barrier is needed (a simdgroup_barrier would have to be reached by the
+  // SIMD-group's other lane groups too, whose rows may have returned early).
+  template <typename T>
+  float label_logit(const device T* row, uint y, uint first, uint stride,
+                    bool writes_follow) const {
+    if (!writes_follow) return float(row[y]);
+    const bool own = y % stride == first;
+    float z = own ? float(row[y]) : 0.0f;
+    float has = own ? 1.0f : 0.0f;
+    for (uint offset = lanes / 2; offset > 0; offset /= 2) {
+      const float other_z = simd_shuffle_xor(z, ushort(offset));
+      const float other_has = simd_shuffle_xor(has, ushort(offset));
+      if (has == 0.0f && other_has != 0.0f) {
+        z = other_z;
+        has = 1.0f;
+      }
+    }
+    return z;
   }
 };
 
@@ -721,7 +762,7 @@ inline void process_row(const device T* logits, const device LabelT* labels,
   if (single) {
     const uint y = uint(label);
     const float w = class_weight<LabelT, kDense>(labels, base, label, y, class_weights, params);
-    lp_label = log_prob(ls, float(logits[base + y]));
+    lp_label = log_prob(ls, reduce.label_logit(logits + base, y, first, stride, want_gradient));
     if (want_loss) loss_total = loss_term(lp_label, w, gamma);
     if (want_gradient) big_g = gradient_term(lp_label, w, gamma);
   } else if (sums_in_walk) {
@@ -732,7 +773,7 @@ inline void process_row(const device T* logits, const device LabelT* labels,
       const float a_y = params.has_class_weights != 0u ? class_weights[y] : 1.0f;
       const float label_weight = params.smooth_on * a_y;
       total_weight = sparse_total_weight(label_weight, params.smooth_off, walked_weight);
-      const float z_y = float(logits[base + y]);
+      const float z_y = reduce.label_logit(logits + base, y, first, stride, want_gradient);
       lp_label = log_prob(ls, z_y);
       if (want_loss) {
         shifted = params.smooth_off * walked_shifted + shifted_term(z_y, ls.max, label_weight);
