@@ -6,10 +6,11 @@
 #include <pybind11/stl.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
-#include <future>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -104,7 +105,9 @@ CustomLossProblem HookProblem(const std::string& node_name, const std::string& d
 // plugin's batching, or check_errors()'s flush) and finished. Here the GPU is a detached thread
 // per committed buffer: it completes the buffer after `gpu_seconds` and runs its handlers
 // `handler_seconds` later, as Metal runs them on its own threads, possibly after the buffer's
-// waiters have returned. The handlers do what the Metal path's do: report, then finish.
+// waiters have returned. The handlers do what the Metal path's do: report, then finish. One
+// stream, never destroyed (its threads may outlive a test); plain mutexes and condition
+// variables only, so the macOS build binds no more of libc++ than pending_errors.cc does.
 struct HostLaunch {
   CustomLossProblem problem;
   std::string record;
@@ -113,39 +116,50 @@ struct HostLaunch {
 
 class HostStream {
  public:
-  HostStream(double gpu_seconds, double handler_seconds)
-      : gpu_(gpu_seconds), handler_(handler_seconds) {}
+  void Configure(double gpu_seconds, double handler_seconds) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    gpu_seconds_ = gpu_seconds;
+    handler_seconds_ = handler_seconds;
+  }
 
   void Encode(HostLaunch launch) {
     std::lock_guard<std::mutex> lock(mutex_);
     current_.push_back(std::move(launch));
   }
 
-  // Commits the current command buffer; the future is its completion (not its handlers').
-  std::shared_future<void> Commit() {
+  // Commits the current command buffer; returns its number, for WaitCompleted.
+  uint64_t Commit() {
     std::vector<HostLaunch> launches;
+    uint64_t buffer;
+    double gpu, handler;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       launches.swap(current_);
+      buffer = committed_++;
+      gpu = gpu_seconds_;
+      handler = handler_seconds_;
     }
-    auto completed = std::make_shared<std::promise<void>>();
-    std::shared_future<void> done = completed->get_future().share();
-    std::thread([launches = std::move(launches), completed, gpu = gpu_, handler = handler_] {
-      std::this_thread::sleep_for(gpu);
-      completed->set_value();
-      std::this_thread::sleep_for(handler);
+    std::thread([this, launches = std::move(launches), buffer, gpu, handler] {
+      Pause(gpu);
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        completed_.insert(buffer);
+      }
+      completed_changed_.notify_all();
+      Pause(handler);
       for (const HostLaunch& launch : launches) {
         ReportCompletedErrorRecord(launch.problem, launch.record.data(), launch.record.size());
         FinishOutstandingLaunch(launch.ticket);
       }
     }).detach();
-    return done;
+    return buffer;
   }
 
-  // The protocol's commitAndWait: returns once the buffer has completed.
+  // The protocol's commitAndWait: returns once the buffer has completed (not its handlers).
   void CommitAndWait() {
-    Commit().wait();
-    std::lock_guard<std::mutex> lock(mutex_);
+    const uint64_t buffer = Commit();
+    std::unique_lock<std::mutex> lock(mutex_);
+    completed_changed_.wait(lock, [&] { return completed_.count(buffer) > 0; });
     ++flushes_;
   }
 
@@ -154,42 +168,47 @@ class HostStream {
     return flushes_;
   }
 
+  void ResetFlushes() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    flushes_ = 0;
+  }
+
  private:
-  const std::chrono::duration<double> gpu_;
-  const std::chrono::duration<double> handler_;
+  // A timed wait on a condition variable nobody notifies (the stream's, never destroyed).
+  void Pause(double seconds) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    never_notified_.wait_for(lock, std::chrono::duration<double>(seconds), [] { return false; });
+  }
+
   std::mutex mutex_;
+  std::condition_variable completed_changed_;
+  std::condition_variable never_notified_;
+  double gpu_seconds_ = 0.0;
+  double handler_seconds_ = 0.0;
   std::vector<HostLaunch> current_;
+  uint64_t committed_ = 0;
+  std::set<uint64_t> completed_;
   int flushes_ = 0;
 };
 
-// The installed host stream (never destroyed: a flush may still hold it), and the flush that was
-// registered before it.
-struct HostStreamSlot {
+HostStream& TheHostStream() {
+  static auto* stream = new HostStream();
+  return *stream;
+}
+
+// Whether the host stream's flush is registered, and the flush it replaced.
+struct HostFlushSlot {
   std::mutex mutex;
-  std::shared_ptr<HostStream> stream;
+  bool installed = false;
   CommandBufferFlush replaced = nullptr;
-  bool flush_installed = false;
 };
-HostStreamSlot& HostStreams() {
-  static auto* slot = new HostStreamSlot();
+HostFlushSlot& HostFlush() {
+  static auto* slot = new HostFlushSlot();
   return *slot;
 }
 
-std::shared_ptr<HostStream> TestStream() {
-  HostStreamSlot& slot = HostStreams();
-  std::lock_guard<std::mutex> lock(slot.mutex);
-  if (!slot.stream) throw std::invalid_argument("call host_stream_install(...) first");
-  return slot.stream;
-}
-
 Error HostStreamFlush() {
-  std::shared_ptr<HostStream> stream;
-  {
-    HostStreamSlot& slot = HostStreams();
-    std::lock_guard<std::mutex> lock(slot.mutex);
-    stream = slot.stream;
-  }
-  if (stream) stream->CommitAndWait();
+  TheHostStream().CommitAndWait();
   return Error::Ok();
 }
 
@@ -302,47 +321,43 @@ void DefineModule(py::module_& m) {
   m.def(
       "host_stream_install",
       [](double gpu_seconds, double handler_seconds, bool flush) {
-        if (gpu_seconds < 0 || handler_seconds < 0) {
+        if (!(gpu_seconds >= 0) || !(handler_seconds >= 0)) {
           throw std::invalid_argument("gpu_seconds and handler_seconds must be >= 0");
         }
-        HostStreamSlot& slot = HostStreams();
+        TheHostStream().Configure(gpu_seconds, handler_seconds);
+        TheHostStream().ResetFlushes();
+        HostFlushSlot& slot = HostFlush();
         std::lock_guard<std::mutex> lock(slot.mutex);
-        slot.stream = std::make_shared<HostStream>(gpu_seconds, handler_seconds);
-        if (flush && !slot.flush_installed) {
+        if (flush && !slot.installed) {
           slot.replaced = SetCommandBufferFlush(&HostStreamFlush);
-          slot.flush_installed = true;
-        } else if (!flush && slot.flush_installed) {
+          slot.installed = true;
+        } else if (!flush && slot.installed) {
           SetCommandBufferFlush(slot.replaced);
-          slot.flush_installed = false;
+          slot.installed = false;
         }
       },
-      py::arg("gpu_seconds"), py::arg("handler_seconds"), py::arg("flush") = true);
+      py::arg("gpu_seconds"), py::arg("handler_seconds"), py::arg("flush"));
   m.def("host_stream_uninstall", [] {
-    HostStreamSlot& slot = HostStreams();
+    HostFlushSlot& slot = HostFlush();
     std::lock_guard<std::mutex> lock(slot.mutex);
-    if (slot.flush_installed) SetCommandBufferFlush(slot.replaced);
-    slot.flush_installed = false;
-    slot.stream.reset();
+    if (slot.installed) SetCommandBufferFlush(slot.replaced);
+    slot.installed = false;
   });
   m.def(
       "host_stream_encode",
       [](py::bytes record, const std::string& node_name, const std::string& direction,
          std::vector<int64_t> row_dims, int64_t num_classes, bool has_ignore_class,
          int64_t ignore_class) {
-        std::shared_ptr<HostStream> stream = TestStream();
         HostLaunch launch{HookProblem(node_name, direction, std::move(row_dims), num_classes,
                                       has_ignore_class, ignore_class),
                           std::string(record), 0};
         launch.ticket = BeginOutstandingLaunch();
-        stream->Encode(std::move(launch));
+        TheHostStream().Encode(std::move(launch));
       },
       py::arg("record"), py::arg("node_name"), py::arg("direction"), py::arg("row_dims"),
       py::arg("num_classes"), py::arg("has_ignore_class"), py::arg("ignore_class"));
-  m.def("host_stream_commit", [] {
-    std::shared_ptr<HostStream> stream = TestStream();
-    stream->Commit();
-  });
-  m.def("host_stream_flushes", [] { return TestStream()->flushes(); });
+  m.def("host_stream_commit", [] { TheHostStream().Commit(); });
+  m.def("host_stream_flushes", [] { return TheHostStream().flushes(); });
 
   // The slot bookkeeping of the Metal path's error-record slab (csrc/metal/error_record_slots.h),
   // over one slab in host memory, for tests: host_slab_write stands in for the kernel's writes.
