@@ -1,8 +1,12 @@
 #include "csrc/pending_errors.h"
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <set>
 #include <string>
 #include <utility>
 
@@ -65,6 +69,20 @@ Error DeferredBadLabelError(const CustomLossProblem& problem, const CustomLossEr
   return error;
 }
 
+// Outstanding launches: tickets handed out in order, so "begun before the wait" is "ticket below
+// the next one at the start of the wait". Never destroyed, as above.
+struct Outstanding {
+  std::mutex mutex;
+  std::condition_variable finished;
+  std::set<uint64_t> tickets;
+  uint64_t next_ticket = 0;
+  CommandBufferFlush flush = nullptr;
+};
+Outstanding& Launches() {
+  static auto* launches = new Outstanding();
+  return *launches;
+}
+
 }  // namespace
 
 bool ReportCompletedErrorRecord(const CustomLossProblem& problem, const void* bytes, size_t size) {
@@ -96,6 +114,70 @@ Error TakePendingError() {
   dropped = 0;
   has_pending.store(false, std::memory_order_release);
   return taken;
+}
+
+uint64_t BeginOutstandingLaunch() {
+  Outstanding& launches = Launches();
+  std::lock_guard<std::mutex> lock(launches.mutex);
+  const uint64_t ticket = launches.next_ticket++;
+  launches.tickets.insert(ticket);
+  return ticket;
+}
+
+void FinishOutstandingLaunch(uint64_t ticket) {
+  Outstanding& launches = Launches();
+  {
+    std::lock_guard<std::mutex> lock(launches.mutex);
+    launches.tickets.erase(ticket);
+  }
+  launches.finished.notify_all();
+}
+
+int64_t OutstandingLaunches() {
+  Outstanding& launches = Launches();
+  std::lock_guard<std::mutex> lock(launches.mutex);
+  return static_cast<int64_t>(launches.tickets.size());
+}
+
+CommandBufferFlush SetCommandBufferFlush(CommandBufferFlush flush) {
+  Outstanding& launches = Launches();
+  std::lock_guard<std::mutex> lock(launches.mutex);
+  return std::exchange(launches.flush, flush);
+}
+
+Error WaitForOutstandingLaunches(double timeout_seconds) {
+  Outstanding& launches = Launches();
+  uint64_t end;  // tickets below it were begun before this call
+  CommandBufferFlush flush;
+  {
+    std::lock_guard<std::mutex> lock(launches.mutex);
+    end = launches.next_ticket;
+    if (launches.tickets.empty() || *launches.tickets.begin() >= end) return Error::Ok();
+    flush = launches.flush;
+  }
+  // Outside the lock: the flush waits for command buffers whose handlers take it.
+  if (flush != nullptr) {
+    if (Error e = flush(); !e.ok()) return e;
+  }
+  auto done = [&launches, end] {
+    return launches.tickets.empty() || *launches.tickets.begin() >= end;
+  };
+  std::unique_lock<std::mutex> lock(launches.mutex);
+  if (timeout_seconds < 0) {
+    launches.finished.wait(lock, done);
+    return Error::Ok();
+  }
+  if (launches.finished.wait_for(lock, std::chrono::duration<double>(timeout_seconds), done)) {
+    return Error::Ok();
+  }
+  int64_t left = 0;
+  for (uint64_t ticket : launches.tickets) left += ticket < end ? 1 : 0;
+  char seconds[32];
+  std::snprintf(seconds, sizeof(seconds), "%g", timeout_seconds);
+  return {TF_DEADLINE_EXCEEDED,
+          "tf_metal_ops.debug.check_errors: " + std::to_string(left) + " GPU launch" +
+              (left == 1 ? " has" : "es have") + " not reported " + (left == 1 ? "its" : "their") +
+              " error record after " + seconds + " s"};
 }
 
 }  // namespace tf_metal_ops

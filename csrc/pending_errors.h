@@ -10,6 +10,13 @@
 // CustomLossGrad op, on any device (DescribeProblem raises it), or until
 // tf_metal_ops.debug.check_errors() takes it.
 //
+// check_errors() first waits for the launches that may still hold an error: a commit-mode
+// launch with a record is outstanding from its encoding (BeginOutstandingLaunch) until its
+// handler has reported the record (FinishOutstandingLaunch). Its command buffer may not even be
+// committed yet (the plugin batches commits), so the wait first has the registered flush commit
+// it (the Metal path: [stream commitAndWait] on each stream it encoded on), then waits for the
+// handlers themselves, which Metal may run after the command buffer's waiters have returned.
+//
 // One error is pending at a time and the first one wins: a bad batch usually fails every op of
 // its step, and the first report names the op that saw it first. Later ones are counted, not
 // kept, until the pending one is taken. Everything here is plain C++ and thread-safe: completion
@@ -37,6 +44,29 @@ bool HasPendingError();
 // The pending error, which is cleared; OK when none is pending. When later errors were dropped
 // (the first one wins), the message says how many.
 Error TakePendingError();
+
+// A commit-mode launch with an error record is being encoded: its ticket, for
+// FinishOutstandingLaunch. Called before the completion handler is added.
+uint64_t BeginOutstandingLaunch();
+
+// The launch's handler is done with its record (reported or not): called last in the handler,
+// on every path, so that a wait never outlives its command buffer by more than the handler.
+void FinishOutstandingLaunch(uint64_t ticket);
+
+// How many launches are outstanding.
+int64_t OutstandingLaunches();
+
+// Commits every command buffer that may hold an outstanding launch, and may wait for it; OK, or
+// why it could not. The Metal path registers one (csrc/metal/custom_loss_metal.mm); without one
+// (CPU-only builds) nothing is ever outstanding. Returns the flush it replaces.
+using CommandBufferFlush = Error (*)();
+CommandBufferFlush SetCommandBufferFlush(CommandBufferFlush flush);
+
+// What check_errors() does before it takes the pending error: when launches begun before this
+// call are outstanding, runs the flush once, then waits until each of them has finished. Later
+// launches are not waited for. OK when they have finished; the flush's error if it failed; a
+// DEADLINE_EXCEEDED error naming how many are left after `timeout_seconds` (< 0: no limit).
+Error WaitForOutstandingLaunches(double timeout_seconds);
 
 }  // namespace tf_metal_ops
 

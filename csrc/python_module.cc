@@ -5,10 +5,16 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <stdexcept>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "csrc/cpu/memory_floor.h"
@@ -64,6 +70,154 @@ size_t SlotIndex(const HostErrorRecordSlab& slab, int slot) {
                                 "), got " + std::to_string(slot));
   }
   return static_cast<size_t>(slot);
+}
+
+// The op a record is for, from the hooks' arguments (node, direction, row_dims, num_classes,
+// ignore_class), as the Metal path copies it into its completion handler.
+CustomLossProblem HookProblem(const std::string& node_name, const std::string& direction,
+                              std::vector<int64_t> row_dims, int64_t num_classes,
+                              bool has_ignore_class, int64_t ignore_class) {
+  CustomLossProblem problem;
+  if (direction == "forward") {
+    problem.attrs.direction = Direction::kForward;
+  } else if (direction == "gradient") {
+    problem.attrs.direction = Direction::kGradient;
+  } else {
+    throw std::invalid_argument("direction must be 'forward' or 'gradient', got '" + direction +
+                                "'");
+  }
+  if (num_classes < 1) {
+    throw std::invalid_argument("num_classes must be >= 1, got " + std::to_string(num_classes));
+  }
+  problem.attrs.node_name = node_name;
+  problem.attrs.has_ignore_class = has_ignore_class;
+  problem.attrs.ignore_class = ignore_class;
+  problem.num_classes = num_classes;
+  problem.row_dims = std::move(row_dims);
+  problem.num_rows = 1;
+  for (int64_t d : problem.row_dims) problem.num_rows *= d;
+  return problem;
+}
+
+// A stand-in for a tensorflow-metal stream and the GPU behind it, for the tests of
+// check_errors()'s wait (host_stream_* hooks). A commit-mode launch leaves a completion handler
+// in the stream's current command buffer, which runs only once the buffer is committed (the
+// plugin's batching, or check_errors()'s flush) and finished. Here the GPU is a detached thread
+// per committed buffer: it completes the buffer after `gpu_seconds` and runs its handlers
+// `handler_seconds` later, as Metal runs them on its own threads, possibly after the buffer's
+// waiters have returned. The handlers do what the Metal path's do: report, then finish. One
+// stream, never destroyed (its threads may outlive a test); plain mutexes and condition
+// variables only, so the macOS build binds no more of libc++ than pending_errors.cc does.
+struct HostLaunch {
+  CustomLossProblem problem;
+  std::string record;
+  uint64_t ticket;
+};
+
+class HostStream {
+ public:
+  void Configure(double gpu_seconds, double handler_seconds) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    gpu_seconds_ = gpu_seconds;
+    handler_seconds_ = handler_seconds;
+  }
+
+  void Encode(HostLaunch launch) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    current_.push_back(std::move(launch));
+  }
+
+  // Commits the current command buffer; returns its number, for WaitCompleted.
+  uint64_t Commit() {
+    std::vector<HostLaunch> launches;
+    uint64_t buffer;
+    double gpu, handler;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      launches.swap(current_);
+      buffer = committed_++;
+      gpu = gpu_seconds_;
+      handler = handler_seconds_;
+    }
+    std::thread([this, launches = std::move(launches), buffer, gpu, handler] {
+      Pause(gpu);
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        completed_.insert(buffer);
+      }
+      completed_changed_.notify_all();
+      Pause(handler);
+      for (const HostLaunch& launch : launches) {
+        ReportCompletedErrorRecord(launch.problem, launch.record.data(), launch.record.size());
+        FinishOutstandingLaunch(launch.ticket);
+      }
+    }).detach();
+    return buffer;
+  }
+
+  // The protocol's commitAndWait: returns once the buffer has completed (not its handlers).
+  void CommitAndWait() {
+    const uint64_t buffer = Commit();
+    std::unique_lock<std::mutex> lock(mutex_);
+    completed_changed_.wait(lock, [&] { return completed_.count(buffer) > 0; });
+    ++flushes_;
+  }
+
+  int flushes() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return flushes_;
+  }
+
+  void ResetFlushes() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    flushes_ = 0;
+  }
+
+ private:
+  // A timed wait on a condition variable nobody notifies (the stream's, never destroyed).
+  void Pause(double seconds) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    never_notified_.wait_for(lock, std::chrono::duration<double>(seconds), [] { return false; });
+  }
+
+  std::mutex mutex_;
+  std::condition_variable completed_changed_;
+  std::condition_variable never_notified_;
+  double gpu_seconds_ = 0.0;
+  double handler_seconds_ = 0.0;
+  std::vector<HostLaunch> current_;
+  uint64_t committed_ = 0;
+  std::set<uint64_t> completed_;
+  int flushes_ = 0;
+};
+
+HostStream& TheHostStream() {
+  static auto* stream = new HostStream();
+  return *stream;
+}
+
+// Whether the host stream's flush is registered, and the flush it replaced.
+struct HostFlushSlot {
+  std::mutex mutex;
+  bool installed = false;
+  CommandBufferFlush replaced = nullptr;
+};
+HostFlushSlot& HostFlush() {
+  static auto* slot = new HostFlushSlot();
+  return *slot;
+}
+
+Error HostStreamFlush() {
+  TheHostStream().CommitAndWait();
+  return Error::Ok();
+}
+
+py::object ErrorOrNone(const Error& error) {
+  if (error.ok()) return py::none();
+  py::tuple taken(2);
+  taken[0] = py::int_(static_cast<int>(error.code));
+  taken[1] = py::str(error.message);
+  return std::move(taken);
 }
 
 void DefineModule(py::module_& m) {
@@ -123,14 +277,21 @@ void DefineModule(py::module_& m) {
   // py::class_, py::cast or py::make_tuple, whose failure paths would bind the macOS build to
   // more of libc++'s run-time type information: tests/cross/macos_stubs/libc++.tbd.)
   m.def("has_pending_error", [] { return py::bool_(HasPendingError()); });
-  m.def("take_pending_error", []() -> py::object {
-    const Error error = TakePendingError();
-    if (error.ok()) return py::none();
-    py::tuple taken(2);
-    taken[0] = py::int_(static_cast<int>(error.code));
-    taken[1] = py::str(error.message);
-    return std::move(taken);
-  });
+  m.def("take_pending_error", []() -> py::object { return ErrorOrNone(TakePendingError()); });
+  // check_errors()'s wait for the launches that may still report (WaitForOutstandingLaunches):
+  // None, or (code, message) when it failed or timed out. timeout_seconds < 0: no limit.
+  m.def(
+      "wait_for_outstanding_launches",
+      [](double timeout_seconds) -> py::object {
+        Error error;
+        {
+          py::gil_scoped_release release;  // the handlers and the flush never need the GIL
+          error = WaitForOutstandingLaunches(timeout_seconds);
+        }
+        return ErrorOrNone(error);
+      },
+      py::arg("timeout_seconds"));
+  m.def("outstanding_launches", &OutstandingLaunches);
   // What the Metal completion handler does with a finished kernel's error record, callable with
   // a record from anywhere (the Linux emulator's, in the tests): `record` is the record's bytes
   // and the rest describes the op the kernel ran for. Returns whether the record held an error.
@@ -139,26 +300,8 @@ void DefineModule(py::module_& m) {
       [](py::bytes record, const std::string& node_name, const std::string& direction,
          std::vector<int64_t> row_dims, int64_t num_classes, bool has_ignore_class,
          int64_t ignore_class) {
-        CustomLossProblem problem;
-        if (direction == "forward") {
-          problem.attrs.direction = Direction::kForward;
-        } else if (direction == "gradient") {
-          problem.attrs.direction = Direction::kGradient;
-        } else {
-          throw std::invalid_argument("direction must be 'forward' or 'gradient', got '" +
-                                      direction + "'");
-        }
-        if (num_classes < 1) {
-          throw std::invalid_argument("num_classes must be >= 1, got " +
-                                      std::to_string(num_classes));
-        }
-        problem.attrs.node_name = node_name;
-        problem.attrs.has_ignore_class = has_ignore_class;
-        problem.attrs.ignore_class = ignore_class;
-        problem.num_classes = num_classes;
-        problem.row_dims = std::move(row_dims);
-        problem.num_rows = 1;
-        for (int64_t d : problem.row_dims) problem.num_rows *= d;
+        const CustomLossProblem problem = HookProblem(node_name, direction, std::move(row_dims),
+                                                      num_classes, has_ignore_class, ignore_class);
         const std::string bytes = record;  // a copy: the GIL is released below
         bool held;
         {
@@ -169,6 +312,52 @@ void DefineModule(py::module_& m) {
       },
       py::arg("record"), py::arg("node_name"), py::arg("direction"), py::arg("row_dims"),
       py::arg("num_classes"), py::arg("has_ignore_class"), py::arg("ignore_class"));
+
+  // The host stand-in for a tensorflow-metal stream (HostStream above). install registers its
+  // flush in check_errors()'s wait, as the Metal path registers its streams'; uninstall puts back
+  // the one it replaced. encode takes the arguments of report_completed_error_record and leaves
+  // the launch outstanding in the stream's current command buffer; commit is the plugin's
+  // batching commit, without a wait.
+  m.def(
+      "host_stream_install",
+      [](double gpu_seconds, double handler_seconds, bool flush) {
+        if (!(gpu_seconds >= 0) || !(handler_seconds >= 0)) {
+          throw std::invalid_argument("gpu_seconds and handler_seconds must be >= 0");
+        }
+        TheHostStream().Configure(gpu_seconds, handler_seconds);
+        TheHostStream().ResetFlushes();
+        HostFlushSlot& slot = HostFlush();
+        std::lock_guard<std::mutex> lock(slot.mutex);
+        if (flush && !slot.installed) {
+          slot.replaced = SetCommandBufferFlush(&HostStreamFlush);
+          slot.installed = true;
+        } else if (!flush && slot.installed) {
+          SetCommandBufferFlush(slot.replaced);
+          slot.installed = false;
+        }
+      },
+      py::arg("gpu_seconds"), py::arg("handler_seconds"), py::arg("flush"));
+  m.def("host_stream_uninstall", [] {
+    HostFlushSlot& slot = HostFlush();
+    std::lock_guard<std::mutex> lock(slot.mutex);
+    if (slot.installed) SetCommandBufferFlush(slot.replaced);
+    slot.installed = false;
+  });
+  m.def(
+      "host_stream_encode",
+      [](py::bytes record, const std::string& node_name, const std::string& direction,
+         std::vector<int64_t> row_dims, int64_t num_classes, bool has_ignore_class,
+         int64_t ignore_class) {
+        HostLaunch launch{HookProblem(node_name, direction, std::move(row_dims), num_classes,
+                                      has_ignore_class, ignore_class),
+                          std::string(record), 0};
+        launch.ticket = BeginOutstandingLaunch();
+        TheHostStream().Encode(std::move(launch));
+      },
+      py::arg("record"), py::arg("node_name"), py::arg("direction"), py::arg("row_dims"),
+      py::arg("num_classes"), py::arg("has_ignore_class"), py::arg("ignore_class"));
+  m.def("host_stream_commit", [] { TheHostStream().Commit(); });
+  m.def("host_stream_flushes", [] { return TheHostStream().flushes(); });
 
   // The slot bookkeeping of the Metal path's error-record slab (csrc/metal/error_record_slots.h),
   // over one slab in host memory, for tests: host_slab_write stands in for the kernel's writes.

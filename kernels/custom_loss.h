@@ -25,6 +25,12 @@
 // Both: C need not be a multiple of anything (threads stride, idle threads reduce identities);
 // rows past N (the last, partial threadgroup) return early, as whole lane groups or whole
 // threadgroups, so every barrier and SIMD-group function is reached by all live threads.
+// The gradient a kernel writes may be bound over its logits (TensorFlow forwards the logits'
+// buffer to it when nothing else holds them), so a row's logits are read before the row's
+// gradient is written over them: each thread reads only its own classes in every pass, writing
+// each after reading it, except the label's logit z_y, which every thread of a sparse row needs;
+// share_label_logit orders that read (rowtg: a barrier) or hands the value around (rowsimd: from
+// the lane that walks class y, by butterfly) before pass 3.
 //
 // Out-of-range sparse labels (not ignore_class): the row's loss / gradient is NaN and the first
 // lane of the row reports it in the error record (custom_loss_params.h) with atomics; the host
@@ -269,16 +275,37 @@ inline void for_each_chunk_block(thread Visitor& visitor, uint begin, uint end, 
 
 // One pass over the row that starts at element `base`: its unaligned head, its chunks, its tail.
 // Every pass that sums something another pass must reproduce bitwise (V) walks this way in both.
+// The row's split: classes [0, head) before the first aligned element, whole chunks in
+// [head, tail), the rest one at a time.
+struct RowSplit {
+  uint head;
+  uint tail;
+};
+
+inline RowSplit split_row(ulong base, uint num_classes) {
+  const uint misaligned = uint(base % ulong(TFMO_VEC));
+  const uint to_aligned = misaligned == 0u ? 0u : TFMO_VEC - misaligned;
+  RowSplit split;
+  split.head = to_aligned < num_classes ? to_aligned : num_classes;
+  split.tail = split.head + (num_classes - split.head) / TFMO_VEC * TFMO_VEC;
+  return split;
+}
+
 template <typename Visitor>
 inline void walk_row(thread Visitor& visitor, ulong base, uint first, uint threads,
                      uint num_classes) {
-  const uint misaligned = uint(base % ulong(TFMO_VEC));
-  const uint to_aligned = misaligned == 0u ? 0u : TFMO_VEC - misaligned;
-  const uint head = to_aligned < num_classes ? to_aligned : num_classes;
-  const uint tail = head + (num_classes - head) / TFMO_VEC * TFMO_VEC;
-  for (uint c = first; c < head; c += threads) visitor.one(c);
-  for_each_chunk_block(visitor, head, tail, first, threads);
-  for (uint c = tail + first; c < num_classes; c += threads) visitor.one(c);
+  const RowSplit split = split_row(base, num_classes);
+  for (uint c = first; c < split.head; c += threads) visitor.one(c);
+  for_each_chunk_block(visitor, split.head, split.tail, first, threads);
+  for (uint c = split.tail + first; c < num_classes; c += threads) visitor.one(c);
+}
+
+// The thread (`first` of walk_row) that visits class c: the one that writes c's gradient.
+inline uint class_walker(ulong base, uint c, uint threads, uint num_classes) {
+  const RowSplit split = split_row(base, num_classes);
+  if (c < split.head) return c % threads;
+  if (c < split.tail) return (c - split.head) / TFMO_VEC % threads;
+  return (c - split.tail) % threads;
 }
 
 inline LseState lse_settle(LogSumExpPartial s) {
@@ -458,6 +485,16 @@ struct ThreadgroupReduce {
     x_total = simd_sum(lane < sg_count ? scratch[3u * sg_count + lane] : 0.0f);
     y_total = simd_sum(lane < sg_count ? scratch[4u * sg_count + lane] : 0.0f);
   }
+
+  // z_y of a sparse row (LabelLogit), read by every thread of the row; with `writes_follow`
+  // (pass 3 writes the row's gradient, which may be bound over the logits:
+  // csrc/metal/custom_loss_metal.mm) the barrier puts every thread's read before the write of
+  // y's own thread, which the reductions' threadgroup-memory barriers do not order.
+  bool reads_label_logit(bool walks_label, bool writes_follow) const { return true; }
+  float share_label_logit(float z, bool walks_label, bool writes_follow) const {
+    if (writes_follow) threadgroup_barrier(mem_flags::mem_device);
+    return z;
+  }
 };
 
 struct LaneGroupReduce {
@@ -488,6 +525,29 @@ struct LaneGroupReduce {
   void sum2(float x, float y, thread float& x_total, thread float& y_total) const {
     x_total = group_sum(x, lanes);
     y_total = group_sum(y, lanes);
+  }
+
+  // z_y of a sparse row (LabelLogit). With `writes_follow` (pass 3 may write over the logits)
+  // only the lane that walks class y (`walks_label`: class_walker) reads it, before its own
+  // writes in program order, and the butterfly hands
+  // its bits to the others through registers: no lane reads memory another lane writes, so no
+  // barrier is needed (a simdgroup_barrier would have to be reached by the SIMD-group's other
+  // lane groups too, whose rows may have returned early).
+  bool reads_label_logit(bool walks_label, bool writes_follow) const {
+    return !writes_follow || walks_label;
+  }
+  float share_label_logit(float z, bool walks_label, bool writes_follow) const {
+    if (!writes_follow) return z;
+    float has = walks_label ? 1.0f : 0.0f;
+    for (uint offset = lanes / 2; offset > 0; offset /= 2) {
+      const float other_z = simd_shuffle_xor(z, ushort(offset));
+      const float other_has = simd_shuffle_xor(has, ushort(offset));
+      if (has == 0.0f && other_has != 0.0f) {
+        z = other_z;
+        has = 1.0f;
+      }
+    }
+    return z;
   }
 };
 
@@ -852,7 +912,11 @@ inline void process_row(const device T* logits, const device LabelT* labels,
   float walked_weight = 0.0f;   // V: sum_c a_c (sparse) or sum_c w_c (dense)
   float walked_shifted = 0.0f;  // S_v: sum_c v_c (z_c - max)
   LabelLogit label_logit;
-  label_logit.valid = !kDense && status == TFMO_ROW_VALID;
+  // Whether this thread walks the label's class (valid rows only: the label is in [0, C)).
+  const bool walks_label = !kDense && status == TFMO_ROW_VALID &&
+                           class_walker(base, uint(label), stride, num_classes) == first;
+  label_logit.valid = !kDense && status == TFMO_ROW_VALID &&
+                      reduce.reads_label_logit(walks_label, want_gradient);
   label_logit.label = uint(label);
   label_logit.value = 0.0f;
   if (kGradient && with_stats) {
@@ -920,7 +984,8 @@ inline void process_row(const device T* logits, const device LabelT* labels,
   if (single) {
     const uint y = uint(label);
     const float w = class_weight<LabelT, kDense>(labels, base, label, y, class_weights, params);
-    lp_label = log_prob(ls, label_logit.value);
+    lp_label = log_prob(ls, reduce.share_label_logit(label_logit.value, walks_label,
+                                                     want_gradient));
     if (want_loss) loss_total = loss_term(lp_label, w, gamma);
     if (want_gradient) big_g = gradient_term(lp_label, w, gamma);
   } else if (sums_in_walk) {
@@ -931,7 +996,8 @@ inline void process_row(const device T* logits, const device LabelT* labels,
       const float a_y = params.has_class_weights != 0u ? class_weights[y] : 1.0f;
       const float label_weight = params.smooth_on * a_y;
       total_weight = sparse_total_weight(label_weight, params.smooth_off, walked_weight);
-      const float z_y = label_logit.value;
+      const float z_y =
+          reduce.share_label_logit(label_logit.value, walks_label, want_gradient);
       lp_label = log_prob(ls, z_y);
       if (want_loss) {
         shifted = params.smooth_off * walked_shifted + shifted_term(z_y, ls.max, label_weight);

@@ -432,6 +432,75 @@ def test_emulated_row_stats_and_scaled_gradient(emu, ref, dtype, variant, num_cl
         assert np.array_equal(fused.scaled_gradient, found.output)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("variant, num_classes, max_threads", [
+    ("rowtg", 3000, 128),  # 4 SIMD-groups per row, 23-24 classes a thread
+    ("rowtg", 40, 1024),   # 1 SIMD-group, 1-2 classes a thread
+    ("rowsimd", 200, 1024),  # lane groups of 32
+    ("rowsimd", 33, 1024),   # lane groups of 8, four rows per SIMD-group
+    ("rowsimd", 7, 1024),    # one lane a row: nothing shared
+])
+@pytest.mark.parametrize("options", sorted(FUSED_OPTIONS))
+def test_emulated_gradient_written_over_the_logits_equals_the_separate_one(
+        emu, dtype, variant, num_classes, max_threads, options):
+    """On a Mac TensorFlow may forward the logits' buffer to the gradient the kernel writes (the
+    reduced forward's scaled gradient, as the CPU does), so the kernel then writes a row's
+    gradient over its own logits. Every thread of a row must have read each logit it needs
+    (its own classes in every pass, and the label's logit, which all threads of a sparse row
+    read) before any thread of the row writes there. The emulator's fibers run a thread from one
+    synchronization point to the next before the next thread starts, so a read that is not
+    ordered before another thread's write sees the gradient instead of the logit: the aliased
+    run then differs from the run with a separate gradient buffer, which it must equal bit for
+    bit (loss, row_stats and gradient), bad and ignored rows included."""
+    label_kind, gamma, eps, weighted, ignored = FUSED_OPTIONS[options]
+    n, c = 12, num_classes
+    rng = _rng("alias", dtype, variant, c, options)
+    logits = rng.normal(0.0, 3.0, (n, c))
+    logits[1, 0] = 12.0
+    labels = _labels(label_kind, rng, n, c)
+    ignore_class = None
+    if ignored:
+        ignore_class = int(labels[3])
+    if label_kind != "dense":
+        labels[5] = c + 2  # a bad row: NaN, written without reading
+    weights = rng.uniform(0.2, 2.0, c).astype(np.float32) if weighted else None
+    z_store, _, y_store, _ = _stored_inputs(logits, labels, label_kind, dtype)
+    scales = rng.uniform(0.1, 2.0, n).astype(np.float32)
+    common = dict(logits=z_store, labels=y_store, dtype=dtype, label_kind=label_kind,
+                  variant=variant, max_threads=max_threads, gamma=gamma, label_smoothing=eps,
+                  class_weights=weights, ignore_class=ignore_class)
+
+    separate = emu.run(direction="forward", row_stats=True, row_scales=scales, **common)
+    aliased = emu.run(direction="forward", row_stats=True, row_scales=scales, alias=True,
+                      **common)
+    assert separate.ok and aliased.ok, separate.error + aliased.error
+    assert aliased.variant == variant and "scaled_gradient" in aliased.bindings
+    tag = f"{options} [{aliased.kernel_name}, C={c}]"
+    assert np.array_equal(aliased.raw_output, separate.raw_output, equal_nan=True), tag + " loss"
+    assert np.array_equal(aliased.row_stats, separate.row_stats, equal_nan=True), tag
+    assert np.array_equal(aliased.scaled_gradient, separate.scaled_gradient, equal_nan=True), (
+        tag + " scaled gradient: rows " +
+        str(np.unique(np.argwhere(aliased.scaled_gradient != separate.scaled_gradient)[:, 0])))
+    assert np.array_equal(mb.as_float64(z_store, dtype), mb.as_float64(
+        np.asarray(z_store), dtype))  # the caller's logits were not written
+
+    # The gradient op over the logits' memory too (with and without the forward's row_stats).
+    upstream = mb.storage(scales, dtype)
+    for stats in (None, separate.row_stats):
+        own = emu.run(direction="gradient", upstream=upstream, row_stats=stats, **common)
+        over = emu.run(direction="gradient", upstream=upstream, row_stats=stats, alias=True,
+                       **common)
+        assert own.ok and over.ok, own.error + over.error
+        assert np.array_equal(over.output, own.output, equal_nan=True), (
+            f"{tag} gradient op (row_stats given: {stats is not None})")
+
+
+def test_emulated_alias_needs_a_gradient_to_write(emu):
+    z = mb.storage(np.zeros((2, 3)), "float32")
+    with pytest.raises(ValueError, match="alias needs a gradient to write"):
+        emu.run(direction="forward", logits=z, labels=np.zeros(2, np.int32), alias=True)
+
+
 def test_emulated_row_stats_make_the_gradient_skip_the_logits_it_does_not_need(emu):
     """Given row_stats, a plain cross-entropy gradient never needs the row's maximum: a
     logits buffer whose entries all changed by a constant gives the same gradient only if the

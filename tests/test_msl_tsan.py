@@ -150,3 +150,65 @@ def test_msl_tsan_forward_writing_the_gradient_has_no_race(tsan_program, ref, tm
     assert np.allclose(grad[good], expected[good], rtol=2e-5, atol=1e-6)
     assert np.isnan(loss[2]) and np.isnan(grad[2]).all() and (stats[2] == 0).all()
     assert np.allclose(stats[good, 0], z[good].max(axis=1))
+
+
+# (variant, direction, label kind, gamma, label smoothing, N, C, max threads per threadgroup)
+_ALIAS_CASES = [
+    ("rowtg", "forward", "int32", 0.0, 0.0, 4, 300, 64),    # one weighted class, 2 SIMD-groups
+    ("rowtg", "forward", "int64", 1.5, 0.0, 3, 300, 96),    # focal, one weighted class
+    ("rowtg", "forward", "int32", 0.0, 0.1, 3, 300, 64),    # cross-entropy sums from the walk
+    ("rowtg", "gradient", "int32", 0.0, 0.0, 3, 300, 64),
+    ("rowsimd", "forward", "int32", 0.0, 0.0, 20, 33, 64),  # lane groups of 8
+    ("rowsimd", "forward", "int64", 1.5, 0.0, 9, 200, 64),  # lane groups of 32
+    ("rowsimd", "forward", "int64", 0.0, 0.1, 20, 33, 64),
+    ("rowsimd", "gradient", "int64", 0.0, 0.0, 20, 33, 64),
+]
+
+
+@pytest.mark.parametrize("variant, direction, label_kind, gamma, eps, n, c, max_threads",
+                         _ALIAS_CASES)
+def test_msl_tsan_gradient_written_over_the_logits_has_no_race(
+        tsan_program, ref, tmp_path, variant, direction, label_kind, gamma, eps, n, c,
+        max_threads):
+    """The gradient bound over the logits' memory (alias_gradient: a reduced forward's scaled
+    gradient, or the gradient op's output, where TensorFlow forwarded the logits' buffer): the
+    label's logit, which every thread of a sparse row reads, and each thread's own classes must
+    be read before any thread of the row writes there. ThreadSanitizer reports a read that no
+    barrier orders before another GPU thread's write of the same logit."""
+    rng = np.random.default_rng(n * 31 + c)
+    logits = rng.normal(0.0, 2.0, (n, c)).astype(np.float32)
+    labels = rng.integers(0, c, n).astype(np.int32 if label_kind == "int32" else np.int64)
+    ref_labels = labels.copy()
+    labels[1] = c + 5  # a bad row: written (NaN) without reading
+    ref_labels[1] = 0
+    scales = rng.uniform(0.5, 2.0, n).astype(np.float32)
+    forward = direction == "forward"
+    case = tmp_path / "case"
+    fields = dict(
+        num_rows=n, num_classes=c, dtype=0, label_kind=mb.LABEL_KINDS[label_kind],
+        direction=mb.DIRECTIONS[direction], variant=mb.VARIANTS[variant], gamma=gamma,
+        label_smoothing=eps, max_threads=max_threads, simd_width=32, executor=1,
+        max_concurrent_threadgroups=4, alias_gradient=1)
+    arrays = dict(logits=logits, labels=labels)
+    if forward:
+        fields.update(has_row_stats=1, has_row_scales=1)
+        arrays["row_scales"] = scales
+    else:
+        arrays["upstream"] = scales
+    mb.write_case_dir(case, fields, arrays)
+    result = _run(tsan_program, "case", str(case))
+    assert "ThreadSanitizer" not in result.stderr, result.stderr[-6000:]
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"_{variant}_f32_" in result.stdout
+
+    grad_file = "scaled_gradient.bin" if forward else "output.bin"
+    grad = np.fromfile(case / grad_file, dtype=np.float32).reshape(n, c)
+    kw = dict(gamma=gamma, label_smoothing=eps)
+    z = logits.astype(np.float64)
+    good = np.arange(n) != 1
+    expected = ref.custom_loss_grad(ref_labels, z, upstream=scales.astype(np.float64), **kw)
+    assert np.allclose(grad[good], expected[good], rtol=2e-5, atol=1e-6)
+    assert np.isnan(grad[1]).all()
+    if forward:
+        loss = np.fromfile(case / "output.bin", dtype=np.float32).astype(np.float64)
+        assert np.allclose(loss[good], ref.custom_loss(ref_labels, z, **kw)[good], rtol=2e-5)

@@ -311,3 +311,154 @@ def test_slab_concurrent_acquire_and_release():
         t.join()
     assert not failures, failures[:3]
     assert slab.in_use() == 0
+
+
+# ---- check_errors waits for launches that have not reported yet (pending_errors.h) -------------
+#
+# The host stand-in for a tensorflow-metal stream (HostStream, csrc/python_module.cc): a launch
+# encoded on it sits in the stream's current command buffer, outstanding, until a commit hands the
+# buffer to the "GPU" (a thread), which completes it after gpu_seconds and runs its completion
+# handlers handler_seconds later. check_errors must commit that buffer through the registered
+# flush and then wait for the handlers, which a bare wait for the buffer's completion would miss.
+
+@pytest.fixture
+def host_stream():
+    rt = _native.runtime()
+
+    def install(gpu_seconds: float = 0.05, handler_seconds: float = 0.1, flush: bool = True):
+        rt.host_stream_install(gpu_seconds, handler_seconds, flush)
+        return rt
+
+    yield install
+    # Whatever a test left uncommitted completes before the next one starts.
+    rt.host_stream_commit()
+    assert rt.wait_for_outstanding_launches(10.0) is None
+    rt.host_stream_uninstall()
+    assert rt.outstanding_launches() == 0
+
+
+def encode(rt, record: bytes, node: str = "gpu/loss/CustomLoss", direction: str = "forward",
+           row_dims=(8,), num_classes: int = 5, ignore_class: Optional[int] = None) -> None:
+    rt.host_stream_encode(record, node, direction, list(row_dims), num_classes,
+                          ignore_class is not None, 0 if ignore_class is None else ignore_class)
+
+
+def test_check_errors_commits_and_waits_for_a_launch_not_yet_committed(host_stream):
+    rt = host_stream()
+    encode(rt, make_record(3, 17), node="uncommitted/CustomLoss")
+    assert rt.outstanding_launches() == 1
+    assert not debug.has_pending_error()  # the GPU has not even been given the kernel
+    with pytest.raises(tf.errors.InvalidArgumentError) as info:
+        debug.check_errors()
+    message = str(info.value)
+    assert "TfMetalOps>CustomLoss (node 'uncommitted/CustomLoss')" in message, message
+    assert "labels[3] = 17 is not a class id in [0, 5)" in message, message
+    assert rt.host_stream_flushes() == 1 and rt.outstanding_launches() == 0
+    debug.check_errors()  # raised once
+
+
+def test_check_errors_waits_for_handlers_of_committed_buffers(host_stream):
+    # The plugin committed the buffer itself (batching): still in flight when check_errors runs,
+    # and its handler runs after the buffer completed.
+    rt = host_stream(gpu_seconds=0.05, handler_seconds=0.2)
+    encode(rt, make_record(1, -4), node="in_flight/CustomLoss")
+    rt.host_stream_commit()
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"node 'in_flight/CustomLoss'.*"
+                       r"labels\[1\] = -4"):
+        debug.check_errors()
+    assert rt.outstanding_launches() == 0
+
+
+def test_check_errors_after_clean_launches_raises_nothing_and_leaves_none(host_stream):
+    rt = host_stream(gpu_seconds=0.0, handler_seconds=0.02)
+    for _ in range(3):
+        encode(rt, make_record())
+    debug.check_errors()
+    assert rt.outstanding_launches() == 0 and not debug.has_pending_error()
+    assert rt.host_stream_flushes() == 1
+
+
+def test_check_errors_with_nothing_outstanding_flushes_nothing(host_stream):
+    # What the CPU path always is: no launch outstanding, so no GPU synchronization at all.
+    rt = host_stream()
+    debug.check_errors()
+    run_cpu_op()
+    debug.check_errors()
+    assert rt.host_stream_flushes() == 0 and rt.outstanding_launches() == 0
+
+
+def test_every_buffer_is_waited_for_one_error_raised_and_the_other_counted(host_stream):
+    rt = host_stream(gpu_seconds=0.02, handler_seconds=0.05)
+    encode(rt, make_record(2, 50), node="committed")
+    rt.host_stream_commit()  # one buffer in flight ...
+    encode(rt, make_record(4, 60), node="uncommitted")  # ... and one not committed
+    with pytest.raises(tf.errors.InvalidArgumentError) as info:
+        debug.check_errors()
+    # Whichever handler ran first is raised (the model's GPU threads race, as handlers of two
+    # buffers may); the other was reported too, so it is counted, and nothing is left.
+    message = str(info.value)
+    assert re.search(r"node '(un)?committed'\): labels\[[24]\] = [56]0 is not", message), message
+    assert "1 later GPU error was dropped" in message, message
+    assert rt.outstanding_launches() == 0 and not debug.has_pending_error()
+
+
+def test_check_errors_times_out_when_no_flush_can_commit_the_buffer(host_stream):
+    rt = host_stream(flush=False)  # a stream nobody can commit from outside an op
+    encode(rt, make_record(5, 9), node="stuck/CustomLoss")
+    with pytest.raises(tf.errors.DeadlineExceededError,
+                       match=r"1 GPU launch has not reported its error record after 0.2 s"):
+        debug.check_errors(timeout=0.2)
+    assert rt.outstanding_launches() == 1
+    rt.host_stream_commit()  # the plugin's next batch: now it reports
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"node 'stuck/CustomLoss'"):
+        debug.check_errors(timeout=10)
+
+
+def test_a_launch_encoded_during_the_wait_is_not_waited_for(host_stream):
+    # Launches begun after check_errors started belong to a later check: one encoded while the
+    # first one's handler is pending stays outstanding, uncommitted, and the call still returns.
+    rt = host_stream(gpu_seconds=0.0, handler_seconds=0.3)
+    encode(rt, make_record())
+    started = threading.Event()
+
+    def later_launch():
+        started.wait()
+        encode(rt, make_record())
+
+    thread = threading.Thread(target=later_launch)
+    thread.start()
+    started.set()
+    debug.check_errors()  # no timeout: it would hang if it waited for the later launch
+    thread.join()
+    assert rt.outstanding_launches() in (0, 1)
+
+
+@pytest.mark.parametrize("timeout", [-1, float("nan"), float("inf"), "1", True])
+def test_check_errors_refuses_a_bad_timeout(timeout):
+    with pytest.raises(ValueError, match=r"timeout must be None or a finite number of seconds "
+                       r">= 0, got " + re.escape(repr(timeout))):
+        debug.check_errors(timeout=timeout)
+
+
+def test_emulated_kernel_record_left_in_an_uncommitted_buffer_is_raised_by_check_errors(
+        emu, host_stream):
+    rng = np.random.default_rng(23)
+    n, c = 13, 30
+    logits = rng.normal(0.0, 1.0, (n, c)).astype(np.float32)
+    labels = rng.integers(0, c, n).astype(np.int64)
+    labels[7] = -2
+    run = emu.run(direction="forward", logits=mb.storage(logits, "float32"), labels=labels,
+                  label_kind="int64")
+    assert run.ok, run.error
+    rt = host_stream()
+    encode(rt, run.error_record.tobytes(), node="emulated/uncommitted", row_dims=(n,),
+           num_classes=c)
+    with pytest.raises(tf.errors.InvalidArgumentError) as info:
+        debug.check_errors()
+    with pytest.raises(tf.errors.InvalidArgumentError) as cpu_info:
+        tf_metal_ops.custom_loss(labels, logits).numpy()
+    cpu_detail = re.search(r"labels\[\d+\] = -?\d+ is not a class id in \[0, \d+\)",
+                           str(cpu_info.value))
+    assert cpu_detail, str(cpu_info.value)
+    assert (f"TfMetalOps>CustomLoss (node 'emulated/uncommitted'): {cpu_detail.group(0)}"
+            in str(info.value)), (str(info.value), cpu_detail)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, List
+import math
+from typing import Any, Dict, List, Optional
 
 from tf_metal_ops import _native
 
@@ -34,27 +35,54 @@ def has_pending_error() -> bool:
     return bool(_native.runtime().has_pending_error())
 
 
-def check_errors() -> None:
-    """Raises the pending GPU error, if any, and clears it.
+def check_errors(timeout: Optional[float] = None) -> None:
+    """Waits for the GPU work that may still find a bad label, then raises the pending GPU
+    error, if any, and clears it.
 
     The error is the one the CPU kernel raises for the same batch: an
     `tf.errors.InvalidArgumentError` naming the op (with its node name), the label's index and
     its value. Only the first error is kept until it is raised; the message counts the ones
-    dropped after it. Call it after `model.fit` / a training step to learn about a bad label
-    without waiting for the next op; it waits for nothing itself, so a command buffer the GPU has
-    not finished yet reports later.
+    dropped after it. Call it after `model.fit` / a training step: every sparse-label Metal
+    kernel of ours encoded before the call has reported when it returns, including one that
+    tensorflow-metal had not committed to the GPU yet (it batches commits). For that the call
+    commits and waits for the current command buffer of each GPU stream our ops ran on
+    (tensorflow-metal's `commitAndWait`, on the stream's own queue), then waits until each of
+    those kernels' completion handlers has read its error record. So a training step's bad
+    label is raised here, not at some later op. Kernels encoded while it waits (other threads)
+    are not waited for. On the CPU, and on machines without the Metal kernels, nothing is ever
+    outstanding and it waits for nothing.
+
+    Args:
+        timeout: the most seconds to wait; None (the default) waits until the GPU has finished
+            those command buffers, which it always does, completing or failing them.
 
     Raises:
         tf.errors.InvalidArgumentError: a bad label was found.
-        tf.errors.InternalError: a kernel's error record could not be read.
+        tf.errors.InternalError: a kernel's error record could not be read, or a stream could
+            not be committed.
+        tf.errors.DeadlineExceededError: `timeout` passed before every kernel had reported
+            (and no error was pending).
+        ValueError: `timeout` is not None nor a number >= 0.
     """
-    taken = _native.runtime().take_pending_error()
+    if timeout is None:
+        limit = -1.0
+    else:
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (
+                timeout >= 0 and math.isfinite(timeout)):
+            raise ValueError(
+                f"timeout must be None or a finite number of seconds >= 0, got {timeout!r}")
+        limit = float(timeout)
+    runtime = _native.runtime()
+    waited = runtime.wait_for_outstanding_launches(limit)
+    taken = runtime.take_pending_error()
+    if taken is None:
+        taken = waited
     if taken is None:
         return
     code, message = taken
     import tensorflow as tf  # loaded already by _native.runtime()
 
-    # TF_Code values of tensorflow/c/tf_status.h: the only two codes the native side records.
-    exception = {3: tf.errors.InvalidArgumentError, 13: tf.errors.InternalError}.get(
-        code, tf.errors.UnknownError)
+    # TF_Code values of tensorflow/c/tf_status.h: the codes the native side reports.
+    exception = {3: tf.errors.InvalidArgumentError, 4: tf.errors.DeadlineExceededError,
+                 13: tf.errors.InternalError}.get(code, tf.errors.UnknownError)
     raise exception(None, None, message)

@@ -139,8 +139,9 @@ def reduced_custom_loss(
     while each row's softmax is at hand, and the backward only multiplies it by the scalar
     upstream gradient (not at all when that is exactly 1, as in Keras's `fit`). The forward
     writes the gradient over the logits' buffer when nothing else reads them, so a model's last
-    layer costs one N x C tensor, as with Keras's own losses (on the CPU; the Metal forward
-    writes it to a buffer of its own). Where the forward makes no gradient (float64 logits),
+    layer costs one N x C tensor, as with Keras's own losses (the CPU's kernels and the Metal
+    kernels alike: TensorFlow decides, by forwarding the logits' buffer to the gradient output
+    only when no other op holds them). Where the forward makes no gradient (float64 logits),
     the backward runs the gradient op with the upstream `upstream * row_scales`.
 
     Args:

@@ -123,7 +123,9 @@ const char* StatusName(MTLCommandBufferStatus status) {
 // stands in: the kernel never reads index TFMO_BUFFER_CLASS_WEIGHTS when has_class_weights == 0,
 // and both bindings only read, so the alias creates no hazard. The same for row_scales and a
 // gradient's row_stats when there are none (the params say so; never read), and the output
-// stands in for a scaled gradient that is not made (never written).
+// stands in for a scaled gradient that is not made (never written). A scaled gradient TensorFlow
+// forwarded from the logits is the logits' buffer itself (ForwardOrAllocateScaledGradient), which
+// the kernels write in place.
 id<MTLBuffer> BufferForRole(gpu::BufferRole role, const TensorBuffers& tensors,
                             id<MTLBuffer> error_record) {
   switch (role) {
@@ -144,6 +146,61 @@ id<MTLBuffer> BufferForRole(gpu::BufferRole role, const TensorBuffers& tensors,
   }
   return nil;
 }
+
+// The streams commit-mode launches with an error record were encoded on, for check_errors():
+// the plugin hands its stream out only inside an op (TF_GetStream), and the command buffer a
+// launch sits in may not be committed until the plugin's next batch. tensorflow-metal has one
+// stream per device, so this holds one entry per GPU; the references keep the streams alive for
+// the process, as the plugin's devices are anyway. Never destroyed: handlers and check_errors()
+// may run during exit.
+std::mutex& StreamsMutex() {
+  static auto* mutex = new std::mutex();
+  return *mutex;
+}
+std::vector<id<TF_MetalStream>>& Streams() {
+  static auto* streams = new std::vector<id<TF_MetalStream>>();
+  return *streams;
+}
+
+// Runs on the stream's queue (inside the encoding block): takes no queue, only the mutex.
+void RememberStream(id<TF_MetalStream> stream) {
+  std::lock_guard<std::mutex> lock(StreamsMutex());
+  for (id<TF_MetalStream> known : Streams()) {
+    if (known == stream) return;
+  }
+  Streams().push_back(stream);
+}
+
+// check_errors()'s flush (pending_errors.h): on each remembered stream's queue, commits the
+// current command buffer and waits for it ([stream commitAndWait], the protocol's only way to
+// commit a buffer the plugin owns), so every launch encoded before is committed, and the last of
+// them completed. Command buffers the plugin committed earlier complete on their own; the wait
+// for their handlers is pending_errors.cc's. Called from Python's thread, never from the queue:
+// the dispatch_sync cannot nest.
+Error FlushStreams() {
+  std::vector<id<TF_MetalStream>> streams;
+  {
+    std::lock_guard<std::mutex> lock(StreamsMutex());
+    streams = Streams();
+  }
+  for (id<TF_MetalStream> stream : streams) {
+    dispatch_queue_t queue = [stream queue];
+    if (queue == nil) {
+      return Error::Internal(
+          "tf_metal_ops.debug.check_errors: a GPU stream has no dispatch queue, so its command "
+          "buffer cannot be committed");
+    }
+    dispatch_sync(queue, ^{
+      @autoreleasepool {
+        if ([stream currentCommandBuffer] != nil) [stream commitAndWait];
+      }
+    });
+  }
+  return Error::Ok();
+}
+
+[[maybe_unused]] const bool streams_flush_registered =
+    (SetCommandBufferFlush(&FlushStreams), true);
 
 // Runs on the stream's serial queue (inside dispatch_sync): must not dispatch_sync onto it again.
 // Every step that can fail comes before the compute encoder is created, so no failure leaves an
@@ -286,16 +343,22 @@ void EncodeOnQueue(id<TF_MetalStream> stream, const CustomLossProblem& problem,
       // block keeps the record's buffer and a copy of the problem (for the message) alive until
       // Metal releases it after running it. A command buffer that failed reports through the
       // plugin; its record may be incomplete, so it is not reported, but its slot is freed.
+      // The launch is outstanding (pending_errors.h) until the handler has run: check_errors()
+      // commits this stream's command buffer (FlushStreams) and waits for that.
       id<MTLBuffer> buffer = outcome->error_record;
       ErrorRecordSlots* slots = outcome->slots;  // the device's, never destroyed
       const int slot = outcome->slot;
       const CustomLossProblem report_for = problem;  // the block keeps its own copy
+      RememberStream(stream);
+      const uint64_t ticket = BeginOutstandingLaunch();
       [command_buffer addCompletedHandler:^(id<MTLCommandBuffer> done) {
         const auto* records = static_cast<const CustomLossErrorRecord*>([buffer contents]);
         const CustomLossErrorRecord record =
             slots != nullptr ? slots->Release(records, slot) : records[0];
-        if ([done status] != MTLCommandBufferStatusCompleted) return;
-        ReportCompletedErrorRecord(report_for, &record, sizeof(record));
+        if ([done status] == MTLCommandBufferStatusCompleted) {
+          ReportCompletedErrorRecord(report_for, &record, sizeof(record));
+        }
+        FinishOutstandingLaunch(ticket);
       }];
     }
     [stream commit];
@@ -376,6 +439,31 @@ Error BadLabelFromRecord(const CustomLossProblem& problem, const CustomLossError
   return BadLabelError(problem, claimed_row, claimed_label);
 }
 
+// The reduced forward's scaled gradient (the logits' shape and dtype) over the logits' own Metal
+// buffer where TensorFlow allows it, as the CPU kernel does: when nothing but this op still
+// holds the logits (a model's last layer in training, whose logits only the loss reads), a
+// reduced step then holds one N x C tensor on the GPU, not two. TF_TensorData of the forwarded
+// output is the logits' id<MTLBuffer>, so the encoder binds the same buffer at both indices; the
+// kernels are correct in place (kernels/custom_loss.h: a row's logits are all read before its
+// gradient is written over them). Otherwise TensorFlow allocates a buffer of its own.
+Error ForwardOrAllocateScaledGradient(TF_OpKernelContext* ctx, const CustomLossProblem& problem,
+                                      CustomLossInputs* inputs, TensorPtr* out) {
+  // Our own handle on the logits counts as a second owner and would forbid the forwarding.
+  inputs->logits.reset();
+  const int candidates[] = {kLogits};
+  int forwarded = -1;
+  StatusPtr status = NewStatus();
+  out->reset(TF_ForwardInputOrAllocateOutput(
+      ctx, candidates, 1, kScaledGradientOutput, problem.logits_dims.data(),
+      static_cast<int>(problem.logits_dims.size()), &forwarded, status.get()));
+  if (Error e = FromStatus(status.get(),
+                           OpDescription(problem.attrs) + ": allocating scaled_gradient");
+      !e.ok()) {
+    return e;
+  }
+  return GetInput(ctx, kLogits, &inputs->logits);  // the same buffer when it was forwarded
+}
+
 void ComputeOnGpu(const CustomLossAttrs& attrs, TF_OpKernelContext* ctx) {
   CustomLossInputs inputs;
   CustomLossProblem problem;
@@ -392,8 +480,9 @@ void ComputeOnGpu(const CustomLossAttrs& attrs, TF_OpKernelContext* ctx) {
     if (Error e = AllocateRowStats(ctx, problem, /*filled=*/true, &stats); !e.ok()) {
       return FailKernel(ctx, e);
     }
-    Error e = problem.has_row_scales ? AllocateScaledGradient(ctx, problem, &scaled_gradient)
-                                     : AllocateNoScaledGradient(ctx, problem);
+    Error e = problem.has_row_scales
+                  ? ForwardOrAllocateScaledGradient(ctx, problem, &inputs, &scaled_gradient)
+                  : AllocateNoScaledGradient(ctx, problem);
     if (!e.ok()) return FailKernel(ctx, e);
   }
   // No rows: the (empty) output is complete and nothing is encoded, not even an empty dispatch.

@@ -27,7 +27,10 @@ struct TfmoEmuCase {
   int32_t executor;        // 0 fibers, 1 OS threads
   int32_t plan_only;       // 1: fill the result's plan fields, run nothing
   uint32_t max_concurrent_threadgroups;  // OS-thread executor
-  uint32_t reserved;
+  // 1: the gradient the launch writes (a forward's scaled_gradient, a gradient's output) is
+  // bound to the logits' memory, as the encoder binds a logits buffer TensorFlow forwarded to
+  // that output: the kernel writes over its own input. `logits` must then be writable.
+  uint32_t alias_gradient;
   const void* logits;          // T[N, C]
   const void* labels;          // int32/int64 [N] or T[N, C]
   const float* class_weights;  // float[C] or null

@@ -5,8 +5,9 @@
 //     DIR/case.txt: "key value" lines naming the TfmoEmuCase fields; DIR/{logits,labels,
 //     class_weights,upstream,row_scales,row_stats}.bin: raw arrays. Runs tfmo_emu_run and writes
 //     DIR/output.bin and DIR/error_record.bin, and for a forward DIR/row_stats_out.bin (when
-//     has_row_stats) and DIR/scaled_gradient.bin (when has_row_scales). Exit 0 on success, 1
-//     with the error on stderr.
+//     has_row_stats) and DIR/scaled_gradient.bin (when has_row_scales). With alias_gradient 1
+//     the gradient is written over the logits' memory, and those files hold it. Exit 0 on
+//     success, 1 with the error on stderr.
 //
 //   custom_loss_driver_main raw KERNEL THREADS GROUPS TG_BYTES FLOATS
 //     Runs any registered kernel whose only buffer is [[buffer(0)]] float[FLOATS] (zeros) on the
@@ -68,6 +69,13 @@ int run_case(const std::string& dir) {
   if (!r.ok) {
     std::cerr << "error: " << r.error << "\n";
     return 1;
+  }
+  if (c.alias_gradient != 0) {  // the gradient is where the logits were
+    if (forward && c.has_row_scales) {
+      std::memcpy(scaled.data(), logits.data(), scaled_bytes);
+    } else if (!forward) {
+      std::memcpy(output.data(), logits.data(), out_elements * DtypeBytes(c.dtype));
+    }
   }
   std::cout << "kernel " << r.kernel_name << " threadgroups " << r.threadgroups_per_grid[0] << "x"
             << r.threadgroups_per_grid[1] << " threads " << r.threads_per_threadgroup[0] << "\n";

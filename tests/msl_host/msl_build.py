@@ -344,7 +344,7 @@ class EmuCase(ctypes.Structure):
         ("max_total_threads_per_threadgroup", ctypes.c_uint32),
         ("thread_execution_width", ctypes.c_uint32),
         ("executor", ctypes.c_int32), ("plan_only", ctypes.c_int32),
-        ("max_concurrent_threadgroups", ctypes.c_uint32), ("reserved", ctypes.c_uint32),
+        ("max_concurrent_threadgroups", ctypes.c_uint32), ("alias_gradient", ctypes.c_uint32),
         ("logits", ctypes.c_void_p), ("labels", ctypes.c_void_p),
         ("class_weights", ctypes.c_void_p), ("upstream", ctypes.c_void_p),
         ("output", ctypes.c_void_p), ("error_record", ctypes.c_void_p),
@@ -438,13 +438,21 @@ class Emulator:
             variant: str = "auto", max_threads: int = 1024, simd_width: int = 32,
             executor: str = "fibers", plan_only: bool = False,
             num_rows: Optional[int] = None, num_classes: Optional[int] = None,
-            row_stats: object = None, row_scales: Optional[np.ndarray] = None) -> EmuRun:
+            row_stats: object = None, row_scales: Optional[np.ndarray] = None,
+            alias: bool = False) -> EmuRun:
         """`logits`, `labels` (dense) and `upstream` are *stored* arrays (see `storage`).
 
         `row_stats`: forward: True to have the kernel write them (returned in the run);
         gradient: the float32 [N, 3] array a forward wrote, to read instead of a log-sum-exp
         pass. `row_scales` (forward, float32 [N]): also write the scaled gradient.
+        `alias`: bind the gradient (the scaled gradient, or a gradient's output) to a copy of
+        the logits, which the kernel then writes over, as on a Mac when TensorFlow forwards the
+        logits' buffer; the run's gradient is that copy afterwards.
         """
+        if alias:
+            if direction == "forward" and row_scales is None:
+                raise ValueError("alias needs a gradient to write: row_scales (forward)")
+            logits = np.array(logits, copy=True, order="C")  # the caller's array stays intact
         n = int(logits.shape[0]) if num_rows is None else num_rows
         c = int(logits.shape[1]) if num_classes is None else num_classes
         keep: List[np.ndarray] = []
@@ -458,6 +466,8 @@ class Emulator:
 
         out_shape = (n,) if direction == "forward" else (n, c)
         out = None if plan_only else empty_storage(out_shape, dtype)
+        if alias and direction == "gradient":
+            out = logits
         record = np.zeros(8, dtype=np.uint32)
         has_stats = row_stats is not None and row_stats is not False
         if direction == "forward":
@@ -467,6 +477,8 @@ class Emulator:
         scales = None if row_scales is None else np.ascontiguousarray(row_scales, np.float32)
         scaled = (empty_storage((n, c), dtype)
                   if scales is not None and not plan_only else None)
+        if alias and scaled is not None:
+            scaled = logits
         case = EmuCase(
             num_rows=n, num_classes=c, dtype=DTYPES[dtype], label_kind=LABEL_KINDS[label_kind],
             direction=DIRECTIONS[direction], variant=VARIANTS[variant], gamma=gamma,
@@ -475,7 +487,7 @@ class Emulator:
             ignore_class=0 if ignore_class is None else int(ignore_class),
             max_total_threads_per_threadgroup=max_threads, thread_execution_width=simd_width,
             executor={"fibers": 0, "threads": 1}[executor], plan_only=int(plan_only),
-            max_concurrent_threadgroups=4, reserved=0,
+            max_concurrent_threadgroups=4, alias_gradient=int(alias),
             logits=ptr(logits), labels=ptr(labels),
             class_weights=ptr(None if class_weights is None
                               else np.asarray(class_weights, dtype=np.float32)),
