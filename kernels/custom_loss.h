@@ -837,6 +837,22 @@ inline void walk_sparse_gradient(const device T* row, device T* out,
   walk_row(pass, base, first, stride, num_classes);
 }
 
+// The gradient of a row that is not valid: one value, each class written by the thread that
+// walks it in pass 1 (walk_row), so over the logits no thread writes a logit another read.
+template <typename T>
+struct FillPass {
+  device T* row;
+  T value;
+
+  void one(uint c) { row[c] = value; }
+
+  void chunk_block(uint c, uint chunk_stride, uint chunks) {
+    for (uint j = 0u; j < chunks; ++j) {
+      for (uint i = 0u; i < TFMO_VEC; ++i) row[c + j * chunk_stride + i] = value;
+    }
+  }
+};
+
 // The labelled logit z_y of a valid sparse row (0 otherwise), read where the kernels call this:
 // after pass 1's loads and before its reduction, whose barrier then covers the load's wait
 // instead of pass 2 waiting for it alone.
@@ -961,7 +977,10 @@ inline void process_row(const device T* logits, const device LabelT* labels,
     const float fill = status == TFMO_ROW_IGNORED ? 0.0f : NAN;
     if (status == TFMO_ROW_BAD_LABEL && leader) record_bad_label(error_record, row, label);
     if (want_gradient) {
-      for (uint c = first; c < num_classes; c += stride) grad_out[base + c] = T(fill);
+      FillPass<T> pass;
+      pass.row = grad_out + base;
+      pass.value = T(fill);
+      walk_row(pass, base, first, stride, num_classes);
     }
     if (want_loss && leader) {
       out[row] = T(fill);
