@@ -11,10 +11,12 @@
 #include <string>
 #include <vector>
 
+#include "csrc/cpu/gemm.h"
 #include "csrc/cpu/memory_floor.h"
 #include "csrc/cpu/parallel_for.h"
 #include "csrc/cpu/simd/rows_dispatch.h"
 #include "csrc/metal/error_record_slots.h"
+#include "csrc/linear_cross_entropy.h"
 #include "csrc/pending_errors.h"
 #include "csrc/problem.h"
 #include "csrc/runtime.h"
@@ -74,6 +76,9 @@ void DefineModule(py::module_& m) {
     info["built_against_tensorflow"] = TF_METAL_OPS_BUILT_AGAINST_TF;
     info["tensorflow_api"] = "C API only (tensorflow/c/ops.h, tensorflow/c/kernels.h)";
     info["metal_compiled_in"] = MetalCompiledIn();
+    // The BLAS of linear_cross_entropy's products (csrc/cpu/gemm.h), and its own description.
+    info["blas"] = GemmLibrary();
+    info["blas_config"] = GemmConfig();
     // "precompiled" (.metallib next to the library), "source" (compiled at first use from the
     // shipped .metal source) or "none" (no Metal in this build).
     info["metal_kernel_library"] = TF_METAL_OPS_KERNEL_LIBRARY;
@@ -210,6 +215,10 @@ void DefineModule(py::module_& m) {
     return py::bytes(reinterpret_cast<const char*>(&r), sizeof(r));
   });
 
+  // The native linear_cross_entropy's rows per chunk (csrc/linear_cross_entropy.h), for tests
+  // and benchmarks.
+  m.def("linear_chunk_rows", &LinearChunkRows, py::arg("requested"), py::arg("rows"),
+        py::arg("width"), py::arg("classes"));
   m.def("get_cpu_threads", &CpuThreadLimit);
   m.def("set_cpu_threads", [](int threads) {
     if (threads < 0) {

@@ -51,7 +51,7 @@ from tf_metal_ops.loss_inputs import (
     report_bad_label,
     sum_dtype,
 )
-from tf_metal_ops.ops import forward_op, forward_writes_gradient, gradient_op
+from tf_metal_ops.ops import forward_op, forward_writes_gradient, gradient_op, linear_forward_op
 
 REDUCTIONS = ("mean", "sum", None)
 # The default chunk holds about this many bytes of logits (float32). Smaller chunks cost time:
@@ -61,6 +61,12 @@ REDUCTIONS = ("mean", "sum", None)
 # its pool side by side, several chunks' worth (docs/performance.md has the figures).
 DEFAULT_CHUNK_BYTES = 32 * 2**20
 HIDDEN_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
+# The hidden-state dtypes the native op (csrc/linear_cross_entropy.h) takes; float64 runs the
+# chunk loop of TensorFlow ops.
+NATIVE_DTYPES = (tf.float16, tf.bfloat16, tf.float32)
+# Whether linear_cross_entropy may use the native op where it can run. False runs the chunk
+# loop of TensorFlow ops everywhere, for comparisons (tests, benchmarks).
+USE_NATIVE_OP = True
 # Summed in place, a chunk of fewer than d rows makes its d kernel product in vocabulary blocks
 # of about this size (see _kernel_gradient_blocks): the loop then holds the sum, one chunk of
 # logits and one block, where a whole product would be a second d x V matrix, larger than the
@@ -195,7 +201,9 @@ class _ChunkLoss:
                 tape.watch(z)
                 losses = self._composed(z, y)
             return tape.gradient(losses, z, output_gradients=tf.cast(upstream, losses.dtype))
-        return gradient_op(z, self._with_labels(y), upstream, row_stats)
+        # The statistics went through the loop in the sum dtype (float64 for float64 logits);
+        # the op takes float32.
+        return gradient_op(z, self._with_labels(y), upstream, tf.cast(row_stats, tf.float32))
 
     def _with_labels(self, y: tf.Tensor) -> LossInputs:
         return self.inputs._replace(labels=y)
@@ -317,6 +325,9 @@ def linear_cross_entropy(
         flat_labels = (tf.reshape(labels_t, [-1, num_classes if num_classes is not None
                                              else v_dynamic]) if dense
                        else tf.reshape(labels_t, [-1]))
+        if native and USE_NATIVE_OP and compute_dtype in NATIVE_DTYPES and _runs_on_cpu(h):
+            return _native_loss(h2, w, b, inputs._replace(labels=flat_labels), reduction,
+                                chunk_size, rows_shape, ignore_class)
         static_rows = h2.shape[0]
         if chunk_size is None:
             chunk_size = default_chunk_size(num_classes or 1, static_rows, h.shape[-1])
@@ -343,6 +354,55 @@ def linear_cross_entropy(
         if reduction is None:
             return tf.reshape(_unreduced(h2, w, b, *args), rows_shape)
         return _reduced(h2, w, b, *args)
+
+
+def _native_loss(h2: tf.Tensor, w: tf.Tensor, b: Optional[tf.Tensor], inputs: LossInputs,
+                 reduction: Optional[str], chunk_size: Optional[int], rows_shape: tf.Tensor,
+                 ignore_class: Optional[int]) -> tf.Tensor:
+    """The loss on the native op, which runs the whole chunk loop (csrc/cpu/
+    linear_cross_entropy_cpu.cc). The kernel and bias go in as float32 (the products are
+    float32 for every hidden dtype); their gradients come back in their own dtype."""
+    labels = inputs.labels
+    if inputs.dense:
+        labels = tf.cast(labels, tf.float32)
+    inputs = inputs._replace(labels=labels)
+    chunk_rows = chunk_size or 0  # 0: the op's default (csrc/linear_cross_entropy.h)
+    w_dtype = w.dtype
+    b_dtype = w.dtype if b is None else b.dtype
+    if b is None:  # a zero bias: its gradient, computed and dropped, is one row of V
+        b = tf.zeros(tf.shape(w)[1:], tf.float32)
+    if reduction is None:
+        loss, _, _, _, _ = linear_forward_op(h2, tf.cast(w, tf.float32), tf.cast(b, tf.float32),
+                                             inputs, None, chunk_rows)
+        return tf.reshape(loss, rows_shape)
+    valid = _valid_rows(labels, inputs.dense, ignore_class)
+    if reduction == "mean":
+        scales = tf.math.divide_no_nan(valid, tf.reduce_sum(valid))
+    else:
+        scales = tf.ones_like(valid)
+    scales = tf.stop_gradient(scales)
+
+    @tf.custom_gradient
+    def fused(h, w_own, b_own):
+        loss, _, dh, dw, db = linear_forward_op(h, tf.cast(w_own, tf.float32),
+                                                tf.cast(b_own, tf.float32), inputs, scales,
+                                                chunk_rows)
+        total = tf.reduce_sum(loss * scales)
+        dh = tf.ensure_shape(dh, h.shape)
+        dw = tf.cast(tf.ensure_shape(dw, w_own.shape), w_dtype)
+        db = tf.cast(tf.ensure_shape(db, b_own.shape), b_dtype)
+
+        def backward(upstream):
+            u = tf.cast(upstream, tf.float32)
+
+            def scaled(g):
+                return tf.cond(tf.equal(u, 1.0), lambda: g, lambda: g * tf.cast(u, g.dtype))
+
+            return scaled(dh), scaled(dw), scaled(db)
+
+        return total, backward
+
+    return fused(h2, w, b)
 
 
 def _static(chunk_size: Union[int, tf.Tensor]) -> Optional[int]:
