@@ -79,6 +79,7 @@ void DefineModule(py::module_& m) {
     // The BLAS of linear_cross_entropy's products (csrc/cpu/gemm.h), and its own description.
     info["blas"] = GemmLibrary();
     info["blas_config"] = GemmConfig();
+    info["blas_available"] = GemmAvailable();
     // "precompiled" (.metallib next to the library), "source" (compiled at first use from the
     // shipped .metal source) or "none" (no Metal in this build).
     info["metal_kernel_library"] = TF_METAL_OPS_KERNEL_LIBRARY;

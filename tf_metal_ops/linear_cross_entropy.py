@@ -36,6 +36,7 @@ matrices.
 
 from __future__ import annotations
 
+import functools
 import numbers
 from typing import Any, Optional, Union
 
@@ -220,6 +221,13 @@ def _runs_on_cpu(hidden: tf.Tensor) -> bool:
     return device_type == "CPU"
 
 
+@functools.lru_cache(maxsize=None)
+def _blas_available() -> bool:
+    """Whether the native op has its BLAS here (always on Linux; on macOS, Accelerate's current
+    interface, macOS 13.3 and later)."""
+    return bool(_native.runtime().build_info().get("blas_available", False))
+
+
 def _valid_rows(labels: tf.Tensor, dense: bool, ignore_class: Optional[int]) -> tf.Tensor:
     """1.0 for the rows that count in a mean, 0.0 for those labelled ignore_class."""
     rows = tf.shape(labels)[0]
@@ -325,7 +333,8 @@ def linear_cross_entropy(
         flat_labels = (tf.reshape(labels_t, [-1, num_classes if num_classes is not None
                                              else v_dynamic]) if dense
                        else tf.reshape(labels_t, [-1]))
-        if native and USE_NATIVE_OP and compute_dtype in NATIVE_DTYPES and _runs_on_cpu(h):
+        if (native and USE_NATIVE_OP and compute_dtype in NATIVE_DTYPES and _runs_on_cpu(h)
+                and _blas_available()):
             return _native_loss(h2, w, b, inputs._replace(labels=flat_labels), reduction,
                                 chunk_size, rows_shape, ignore_class)
         static_rows = h2.shape[0]

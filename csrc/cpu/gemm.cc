@@ -20,6 +20,17 @@ std::atomic<int> gemm_threads{0};
 
 }  // namespace
 
+bool GemmAvailable() {
+#if defined(__APPLE__)
+  // The current interface's entry points are weak imports when the deployment target is older
+  // than macOS 13.3.
+  if (__builtin_available(macOS 13.3, *)) return true;
+  return false;
+#else
+  return true;
+#endif
+}
+
 bool GemmFits(int64_t m, int64_t n, int64_t k) {
   constexpr int64_t kMax = std::numeric_limits<int>::max();
   return m >= 0 && n >= 0 && k >= 0 && m <= kMax && n <= kMax && k <= kMax;
@@ -29,10 +40,16 @@ void Sgemm(Transpose trans_a, Transpose trans_b, int64_t m, int64_t n, int64_t k
            const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
            int64_t ldc) {
   if (m == 0 || n == 0) return;
+#if defined(__APPLE__)
+  if (__builtin_available(macOS 13.3, *)) {
+#endif
   TMO_SGEMM(CblasRowMajor, trans_a == Transpose::kYes ? CblasTrans : CblasNoTrans,
             trans_b == Transpose::kYes ? CblasTrans : CblasNoTrans, static_cast<int>(m),
             static_cast<int>(n), static_cast<int>(k), alpha, a, static_cast<int>(lda), b,
             static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+#if defined(__APPLE__)
+  }
+#endif
 }
 
 void SetGemmThreads(int threads) {

@@ -21,6 +21,11 @@ void Sgemm(Transpose trans_a, Transpose trans_b, int64_t m, int64_t n, int64_t k
            const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
            int64_t ldc);
 
+// Whether this process has the BLAS: always on Linux (the library links it); on macOS whether
+// Accelerate's current interface (macOS 13.3 and later) is there. Sgemm must not be called
+// where it is false.
+bool GemmAvailable();
+
 // Whether a product with these dimensions and strides can be handed to the BLAS.
 bool GemmFits(int64_t m, int64_t n, int64_t k);
 

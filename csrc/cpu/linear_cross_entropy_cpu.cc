@@ -337,6 +337,12 @@ void Compute(void* raw, TF_OpKernelContext* ctx) {
   const bool forward = attrs.direction == Direction::kForward;
   Inputs in;
   Shapes s;
+  if (!GemmAvailable()) {
+    return FailKernel(ctx, Error::Internal(OpDescription(attrs) + ": this macOS lacks "
+                                           "Accelerate's current BLAS interface (macOS 13.3 or "
+                                           "later); linear_cross_entropy runs its chunk loop of "
+                                           "TensorFlow ops there"));
+  }
   if (Error e = Describe(ctx, attrs, &in, &s); !e.ok()) return FailKernel(ctx, e);
   if (Error e = CheckValues(s, in); !e.ok()) return FailKernel(ctx, e);
   const int64_t n = s.rows, d = s.width, v = s.classes;
