@@ -235,6 +235,40 @@ void DefineModule(py::module_& m) {
   // One pass of the memory floor (csrc/cpu/memory_floor.h) over a C-contiguous float32 matrix:
   // with `dst` None it only reads `src` (the forward op's traffic), otherwise it also writes
   // `dst` (the gradient op's). Runs without the GIL, on the kernels' threads and thread cap.
+  // C = alpha op(A) op(B) + beta C on the native op's BLAS (csrc/cpu/gemm.h), for the products'
+  // speed figures (tests/perf/gemm_rate.py) and the interface's tests. 2-D C-contiguous float32
+  // arrays; C is written in place. Runs without the GIL, on the kernels' thread cap.
+  m.def(
+      "sgemm",
+      [](py::array_t<float, py::array::c_style> a, py::array_t<float, py::array::c_style> b,
+         py::object c_object, bool trans_a, bool trans_b, float alpha, float beta) {
+        if (!py::isinstance<py::array_t<float, py::array::c_style>>(c_object)) {
+          throw std::invalid_argument("c must be a C-contiguous float32 array");
+        }
+        auto c = c_object.cast<py::array_t<float, py::array::c_style>>();
+        if (a.ndim() != 2 || b.ndim() != 2 || c.ndim() != 2 || !c.writeable()) {
+          throw std::invalid_argument("a, b and c must be 2-D float32 arrays, c writable");
+        }
+        const int64_t m = trans_a ? a.shape(1) : a.shape(0);
+        const int64_t k = trans_a ? a.shape(0) : a.shape(1);
+        const int64_t k_b = trans_b ? b.shape(1) : b.shape(0);
+        const int64_t n = trans_b ? b.shape(0) : b.shape(1);
+        if (k != k_b || c.shape(0) != m || c.shape(1) != n || !GemmFits(m, n, k)) {
+          throw std::invalid_argument("sgemm: shapes do not fit: op(a) " + std::to_string(m) +
+                                      "x" + std::to_string(k) + ", op(b) " +
+                                      std::to_string(k_b) + "x" + std::to_string(n) + ", c " +
+                                      std::to_string(c.shape(0)) + "x" +
+                                      std::to_string(c.shape(1)));
+        }
+        if (!GemmAvailable()) throw std::runtime_error("sgemm: no BLAS in this process");
+        float* out = c.mutable_data();
+        py::gil_scoped_release release;
+        SetGemmThreads(CpuThreadLimit());
+        Sgemm(trans_a ? Transpose::kYes : Transpose::kNo, trans_b ? Transpose::kYes : Transpose::kNo,
+              m, n, k, alpha, a.data(), a.shape(1), b.data(), b.shape(1), beta, out, n);
+      },
+      py::arg("a"), py::arg("b"), py::arg("c"), py::arg("trans_a") = false,
+      py::arg("trans_b") = false, py::arg("alpha") = 1.0f, py::arg("beta") = 0.0f);
   m.def(
       "memory_floor_pass",
       [](py::array_t<float, py::array::c_style> src, py::object dst) {
