@@ -1,5 +1,12 @@
 """`linear_cross_entropy`: a language-model head's loss without its logits.
 
+On the CPU, for float32, float16 and bfloat16 hidden states, one native op runs the whole chunk
+loop on the platform's BLAS (csrc/linear_cross_entropy.h, csrc/cpu/linear_cross_entropy_cpu.cc;
+`_native_loss` below): its reduced forward returns the loss and the three gradients, which the
+backward scales by the upstream scalar; per-row losses get the native gradient op, which makes
+each chunk's logits again. Everywhere else (float64, XLA, a device without our kernels, a Mac's
+GPU) the loop is a tf.while_loop of TensorFlow ops, which the rest of this docstring describes.
+
 For hidden states `h` [N, d] and a projection `W` [d, V] the logits `h @ W + b` are by far the
 largest tensor of a step (at N = 8192 and V = 128256, 4 GiB in float32, and their gradient as
 much again). Here they are made `chunk_size` rows at a time, each chunk handed to the same
@@ -278,21 +285,26 @@ def linear_cross_entropy(
         labels: class ids of shape `hidden.shape[:-1]` (any integer dtype or whole floats, a
             trailing dimension of 1 accepted), or dense targets of shape
             `hidden.shape[:-1] + [num_classes]`.
-        hidden: hidden states `[..., d]`, float16, bfloat16, float32 or float64: their dtype
-            is the compute dtype of the logits.
+        hidden: hidden states `[..., d]`, float16, bfloat16, float32 or float64. On the
+            native op (the CPU, but for float64) every product is float32, 16-bit hidden
+            states converted a chunk at a time; on the tf.while_loop route their dtype is the
+            compute dtype of the logits.
         kernel: the projection `[d, num_classes]` (Keras's Dense layout; for a tied embedding
             matrix `[num_classes, d]`, pass its transpose). A kernel of another float dtype (a
-            float32 variable under `mixed_float16`) is cast to the hidden states' dtype, as
-            Keras's Dense does.
+            float32 variable under `mixed_float16`) is cast to float32 for the native op, to
+            the hidden states' dtype on the tf.while_loop route (as Keras's Dense does); its
+            gradient has its own dtype.
         bias: optional `[num_classes]`, cast likewise.
         gamma, label_smoothing, class_weights, ignore_class: as for `custom_loss`.
         reduction: `"mean"` (over the rows not labelled `ignore_class`; 0 when there are
             none), `"sum"`, or None (per-row losses of shape `hidden.shape[:-1]`).
-        chunk_size: rows of logits made at once; default: about 32 MiB of float32 logits,
-            or d / 2 rows where that is more (`default_chunk_size`), at most the number of
-            rows. With at least d rows each chunk's d kernel product is made whole: no
+        chunk_size: rows of logits made at once. Default on the native op: about N x d
+            logits, at least 256 rows (csrc/linear_cross_entropy.h); on the tf.while_loop
+            route: about 32 MiB of float32 logits, or d / 2 rows where that is more
+            (`default_chunk_size`). At most the number of rows. On the tf.while_loop
+            route, with at least d rows each chunk's d kernel product is made whole: no
             copies of the gradient's columns, but that d x V product, not a block of it, is
-            held beside the sum (docs/performance.md compares both).
+            held beside the sum.
         name: optional name scope.
 
     Returns:

@@ -173,15 +173,17 @@ def backends() -> Dict[str, Any]:
     from tf_metal_ops import _native
 
     try:
+        # TensorFlow's own answer: built with oneDNN, and on for this CPU and
+        # TF_ENABLE_ONEDNN_OPTS (what its "oneDNN custom operations are on" line reports).
         from tensorflow.python.util import _pywrap_util_port
-        built_with_onednn = bool(_pywrap_util_port.IsMklEnabled())
-    except (ImportError, AttributeError):
-        built_with_onednn = None
+        onednn_on = bool(_pywrap_util_port.IsMklEnabled())
+    except (ImportError, AttributeError):  # private: a TensorFlow that moved it
+        onednn_on = None
     info = _native.build_info()
     return {"tensorflow": tf.__version__,
             "TF_ENABLE_ONEDNN_OPTS": os.environ.get("TF_ENABLE_ONEDNN_OPTS",
                                                     "unset (TensorFlow's default)"),
-            "tensorflow_built_with_onednn": built_with_onednn,
+            "onednn_on": onednn_on,
             "blas": info.get("blas"), "blas_config": info.get("blas_config"),
             "cpu_threads": _native.runtime().get_cpu_threads()}
 
