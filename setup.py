@@ -62,6 +62,28 @@ def tensorflow_version() -> str:
     return "unknown"
 
 
+# The BLAS of the CPU kernels' matrix products (csrc/cpu/gemm.h). On Linux: OpenBLAS from the
+# scipy-openblas32 wheel, a build requirement and (Linux only) a run-time dependency of the same
+# version (pyproject.toml). Its symbols carry a `scipy_` prefix, so the process's other BLAS
+# copies (NumPy's, TensorFlow's) and ours never bind to each other's.
+OPENBLAS_PACKAGE = "scipy_openblas32"
+
+
+def openblas_dirs() -> tuple:
+    """(include dir, lib dir, library name) of the installed scipy-openblas32, found without
+    importing anything but that package (whose import loads no library)."""
+    try:
+        import scipy_openblas32
+    except ImportError:
+        sys.exit(
+            "tf_metal_ops: building on Linux needs the scipy-openblas32 wheel (OpenBLAS for the "
+            "CPU kernels' products): `pip install scipy-openblas32`, or build with plain "
+            "`pip install .` (build isolation installs it)."
+        )
+    return (scipy_openblas32.get_include_dir(), scipy_openblas32.get_lib_dir(),
+            scipy_openblas32.get_library())
+
+
 # The platforms the build knows, as native_extension() names them.
 LINUX, MACOS_X86_64, MACOS_ARM64 = "linux", "macos-x86_64", "macos-arm64"
 if not IS_MACOS:
@@ -111,6 +133,8 @@ def native_extension(
         "csrc/python_module.cc",
         "csrc/cpu/custom_loss_cpu.cc",
         "csrc/cpu/add_into_cpu.cc",
+        "csrc/cpu/linear_cross_entropy_cpu.cc",
+        "csrc/cpu/gemm.cc",
         "csrc/cpu/thread_pool.cc",
         "csrc/cpu/memory_floor.cc",
         # The vectorized rows: the dispatch, and one file per instruction set, each compiling
@@ -128,7 +152,11 @@ def native_extension(
     # tests/test_simd_math.py builds with the same flag.
     extra_compile_args = ["-O3", "-fno-strict-aliasing", "-ffp-contract=off"]
     extra_link_args = []
+    include_dirs = [str(ROOT), str(include_dir)]
     if target != LINUX:
+        # Accelerate's current CBLAS interface (csrc/cpu/gemm.cc).
+        define_macros += [("ACCELERATE_NEW_LAPACK", "1")]
+        extra_link_args += ["-framework", "Accelerate"]
         framework = "libtensorflow_framework.2.dylib"
         extra_link_args += [str(tf_dir / framework), "-Wl,-rpath,@loader_path/../tensorflow"]
         if target == MACOS_ARM64:
@@ -147,6 +175,16 @@ def native_extension(
             # (tf_metal_ops imports it first) the loader reuses it by its soname anyway.
             "-Wl,-rpath,$ORIGIN/../tensorflow",
         ]
+        blas_include, blas_lib, blas_name = openblas_dirs()
+        include_dirs.append(blas_include)
+        extra_link_args += [
+            f"-L{blas_lib}",
+            f"-l{blas_name}",
+            # The wheel installs next to tf_metal_ops/ in site-packages; tf_metal_ops/_native.py
+            # also loads it (by soname) before the library, for layouts where this path is not
+            # it (a source checkout's in-place build, a copied package).
+            f"-Wl,-rpath,$ORIGIN/../{OPENBLAS_PACKAGE}/lib",
+        ]
     return Pybind11Extension(
         "tf_metal_ops._tf_metal_ops",
         sources=sources,
@@ -154,7 +192,7 @@ def native_extension(
         # in-place build stale.
         depends=sorted(str(p.relative_to(ROOT))
                        for p in [*(ROOT / "csrc").rglob("*.h"), *(ROOT / "kernels").glob("*.h")]),
-        include_dirs=[str(ROOT), str(include_dir)],
+        include_dirs=include_dirs,
         define_macros=define_macros,
         extra_compile_args=extra_compile_args,
         extra_link_args=extra_link_args,

@@ -1,11 +1,13 @@
-// Op definitions for CustomLoss and its gradient, with shape inference, and for AddInto
-// (csrc/add_into.h), the in-place sum of the chunked loss's kernel gradient.
+// Op definitions for CustomLoss and its gradient, with shape inference, for LinearCrossEntropy
+// and its gradient (csrc/linear_cross_entropy.h), and for AddInto (csrc/add_into.h), the
+// in-place sum of the composed chunked loss's kernel gradient.
 //
 // Registered from a static initializer: tf.load_op_library dlopens the library and collects the
 // ops registered while it loads (it does not call TF_InitKernel).
 #include <cstdio>
 
 #include "csrc/add_into.h"
+#include "csrc/linear_cross_entropy.h"
 #include "csrc/problem.h"
 #include "tensorflow/c/ops.h"
 
@@ -73,6 +75,52 @@ void InferAddIntoShape(TF_ShapeInferenceContext* ctx, TF_Status* status) {
   TF_ShapeInferenceContextSetUnknownShape(ctx, status);
 }
 
+// The linear ops' shapes depend on whether row scales were given ([0] or not): only the
+// forward's loss ([N], from hidden [N, d]) and row statistics ([N, 3]) are inferred; the
+// Python wrapper sets the gradients' shapes.
+void InferLinearShape(TF_ShapeInferenceContext* ctx, TF_Status* status) {
+  TF_ShapeInferenceContextSetUnknownShape(ctx, status);
+  if (TF_GetCode(status) != TF_OK) return;
+  ShapeHandlePtr hidden = NewShape();
+  TF_ShapeInferenceContextGetInput(ctx, kLinearHidden, hidden.get(), status);
+  if (TF_GetCode(status) != TF_OK) return;
+  ShapeHandlePtr checked = NewShape();
+  TF_ShapeInferenceContextWithRank(ctx, hidden.get(), 2, checked.get(), status);
+  if (TF_GetCode(status) != TF_OK) {
+    TF_SetStatus(status, TF_INVALID_ARGUMENT,
+                 "TfMetalOps>LinearCrossEntropy: hidden must have rank 2 ([rows, d])");
+    return;
+  }
+  ShapeHandlePtr rows = NewShape();
+  TF_ShapeInferenceContextSubshape(ctx, checked.get(), 0, 1, rows.get(), status);
+  if (TF_GetCode(status) != TF_OK) return;
+  TF_ShapeInferenceContextSetOutput(ctx, kLinearLossOutput, rows.get(), status);
+  if (TF_GetCode(status) != TF_OK) return;
+  ShapeHandlePtr width(TF_ShapeInferenceContextVectorFromSize(ctx, kRowStatsWidth));
+  ShapeHandlePtr stats = NewShape();
+  TF_ShapeInferenceContextConcatenateShapes(ctx, rows.get(), width.get(), stats.get(), status);
+  if (TF_GetCode(status) != TF_OK) return;
+  TF_ShapeInferenceContextSetOutput(ctx, kLinearRowStatsOutput, stats.get(), status);
+}
+void InferLinearGradientShape(TF_ShapeInferenceContext* ctx, TF_Status* status) {
+  TF_ShapeInferenceContextSetUnknownShape(ctx, status);
+}
+
+void AddLinearSignature(TF_OpDefinitionBuilder* builder) {
+  TF_OpDefinitionBuilderAddAttr(builder, "T: {half, bfloat16, float}");
+  TF_OpDefinitionBuilderAddAttr(builder, "Tlabels: {int32, int64, float}");
+  TF_OpDefinitionBuilderAddAttr(builder, "gamma: float = 0.0");
+  TF_OpDefinitionBuilderAddAttr(builder, "label_smoothing: float = 0.0");
+  TF_OpDefinitionBuilderAddAttr(builder, "has_ignore_class: bool = false");
+  TF_OpDefinitionBuilderAddAttr(builder, "ignore_class: int = 0");
+  TF_OpDefinitionBuilderAddAttr(builder, "chunk_rows: int = 0");
+  TF_OpDefinitionBuilderAddInput(builder, "hidden: T");
+  TF_OpDefinitionBuilderAddInput(builder, "kernel: float");
+  TF_OpDefinitionBuilderAddInput(builder, "bias: float");
+  TF_OpDefinitionBuilderAddInput(builder, "labels: Tlabels");
+  TF_OpDefinitionBuilderAddInput(builder, "class_weights: float");
+}
+
 void AddCommonSignature(TF_OpDefinitionBuilder* builder) {
   TF_OpDefinitionBuilderAddAttr(builder, "T: {half, bfloat16, float, double}");
   TF_OpDefinitionBuilderAddAttr(builder,
@@ -114,6 +162,27 @@ void RegisterOps() {
   TF_OpDefinitionBuilderAddOutput(gradient, "grad_logits: T");
   TF_OpDefinitionBuilderSetShapeInferenceFunction(gradient, &InferGradientShape);
   Register(gradient, kGradientOpName);
+
+  TF_OpDefinitionBuilder* linear = TF_NewOpDefinitionBuilder(kLinearForwardOpName);
+  AddLinearSignature(linear);
+  TF_OpDefinitionBuilderAddInput(linear, "row_scales: float");
+  TF_OpDefinitionBuilderAddOutput(linear, "loss: float");
+  TF_OpDefinitionBuilderAddOutput(linear, "row_stats: float");
+  TF_OpDefinitionBuilderAddOutput(linear, "d_hidden: T");
+  TF_OpDefinitionBuilderAddOutput(linear, "d_kernel: float");
+  TF_OpDefinitionBuilderAddOutput(linear, "d_bias: float");
+  TF_OpDefinitionBuilderSetShapeInferenceFunction(linear, &InferLinearShape);
+  Register(linear, kLinearForwardOpName);
+
+  TF_OpDefinitionBuilder* linear_gradient = TF_NewOpDefinitionBuilder(kLinearGradientOpName);
+  AddLinearSignature(linear_gradient);
+  TF_OpDefinitionBuilderAddInput(linear_gradient, "upstream: float");
+  TF_OpDefinitionBuilderAddInput(linear_gradient, "row_stats: float");
+  TF_OpDefinitionBuilderAddOutput(linear_gradient, "d_hidden: T");
+  TF_OpDefinitionBuilderAddOutput(linear_gradient, "d_kernel: float");
+  TF_OpDefinitionBuilderAddOutput(linear_gradient, "d_bias: float");
+  TF_OpDefinitionBuilderSetShapeInferenceFunction(linear_gradient, &InferLinearGradientShape);
+  Register(linear_gradient, kLinearGradientOpName);
 
   TF_OpDefinitionBuilder* add_into = TF_NewOpDefinitionBuilder(kAddIntoOpName);
   TF_OpDefinitionBuilderAddAttr(add_into, "T: {float, double}");

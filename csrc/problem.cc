@@ -39,17 +39,20 @@ std::string RowIndexString(const std::vector<int64_t>& dims, int64_t row) {
 }
 
 std::string OpDescription(const CustomLossAttrs& attrs) {
-  const char* op = attrs.direction == Direction::kForward ? kForwardOpName : kGradientOpName;
+  const char* op = attrs.op_name != nullptr ? attrs.op_name
+                   : attrs.direction == Direction::kForward ? kForwardOpName
+                                                             : kGradientOpName;
   return std::string(op) + " (node '" + attrs.node_name + "')";
 }
 
-namespace {
 // Reads and checks the attributes (gamma >= 0 and finite, 0 <= label_smoothing <= 1, the label
 // dtype matches the logits dtype when labels are dense): every backend's create calls it
 // through CreateKernel below.
-Error ReadAttrs(TF_OpKernelConstruction* ctx, Direction direction, CustomLossAttrs* attrs) {
+Error ReadLossAttrs(TF_OpKernelConstruction* ctx, Direction direction, const char* op_name,
+                    TF_DataType dense_labels_dtype, CustomLossAttrs* attrs) {
   StatusPtr status = NewStatus();
   attrs->direction = direction;
+  attrs->op_name = op_name;
   TF_StringView name = TF_OpKernelConstruction_GetName(ctx);
   attrs->node_name.assign(name.data, name.len);
 
@@ -83,7 +86,10 @@ Error ReadAttrs(TF_OpKernelConstruction* ctx, Direction direction, CustomLossAtt
     attrs->label_kind = LabelKind::kSparseInt32;
   } else if (attrs->labels_dtype == TF_INT64) {
     attrs->label_kind = LabelKind::kSparseInt64;
-  } else if (IsFloatType(attrs->labels_dtype) && attrs->labels_dtype == attrs->logits_dtype) {
+  } else if (IsFloatType(attrs->labels_dtype) &&
+             attrs->labels_dtype == (dense_labels_dtype == static_cast<TF_DataType>(0)
+                                         ? attrs->logits_dtype
+                                         : dense_labels_dtype)) {
     attrs->label_kind = LabelKind::kDense;
     if (attrs->has_ignore_class) {
       return AttrError(*attrs, "ignore_class applies to sparse (integer) labels only");
@@ -98,9 +104,11 @@ Error ReadAttrs(TF_OpKernelConstruction* ctx, Direction direction, CustomLossAtt
   return Error::Ok();
 }
 
+namespace {
 void* CreateKernel(TF_OpKernelConstruction* ctx, Direction direction) {
   auto attrs = std::make_unique<CustomLossAttrs>();
-  if (Error e = ReadAttrs(ctx, direction, attrs.get()); !e.ok()) {
+  if (Error e = ReadLossAttrs(ctx, direction, nullptr, static_cast<TF_DataType>(0), attrs.get());
+      !e.ok()) {
     FailConstruction(ctx, e);
     return nullptr;
   }

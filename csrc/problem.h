@@ -18,6 +18,9 @@ namespace tf_metal_ops {
 
 inline constexpr const char kForwardOpName[] = "TfMetalOps>CustomLoss";
 inline constexpr const char kGradientOpName[] = "TfMetalOps>CustomLossGrad";
+// The fused linear head's loss and its gradient (csrc/cpu/linear_cross_entropy_cpu.cc).
+inline constexpr const char kLinearForwardOpName[] = "TfMetalOps>LinearCrossEntropy";
+inline constexpr const char kLinearGradientOpName[] = "TfMetalOps>LinearCrossEntropyGrad";
 
 // Input and output positions, shared by the op definitions and every kernel.
 enum InputIndex : int {
@@ -63,6 +66,8 @@ inline constexpr int64_t kRowStatsWidth = 3;
 // The op's attributes, read once per kernel instance.
 struct CustomLossAttrs {
   std::string node_name;  // for error messages: which op in the user's graph failed
+  // The op's registered name, for messages; null: CustomLoss or CustomLossGrad by `direction`.
+  const char* op_name = nullptr;
   Direction direction = Direction::kForward;
   TF_DataType logits_dtype = TF_FLOAT;
   TF_DataType labels_dtype = TF_INT32;
@@ -101,6 +106,13 @@ struct CustomLossInputs {
 void* CreateForwardKernel(TF_OpKernelConstruction* ctx);
 void* CreateGradientKernel(TF_OpKernelConstruction* ctx);
 void DeleteKernel(void* kernel);
+
+// Reads and checks the loss attributes every op of ours shares (T, Tlabels, gamma,
+// label_smoothing, has_ignore_class, ignore_class). `op_name` names the op in messages (null:
+// CustomLoss / CustomLossGrad); dense labels must have dtype `dense_labels_dtype` (TF_DATA_TYPE
+// 0: the logits' dtype, T).
+Error ReadLossAttrs(TF_OpKernelConstruction* ctx, Direction direction, const char* op_name,
+                    TF_DataType dense_labels_dtype, CustomLossAttrs* attrs);
 
 // Fetches the inputs and checks their shapes against each other and their dtypes against the
 // attributes; fills `problem`. Does not read tensor values, so it works on GPU tensors too.

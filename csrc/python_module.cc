@@ -17,10 +17,12 @@
 #include <utility>
 #include <vector>
 
+#include "csrc/cpu/gemm.h"
 #include "csrc/cpu/memory_floor.h"
 #include "csrc/cpu/parallel_for.h"
 #include "csrc/cpu/simd/rows_dispatch.h"
 #include "csrc/metal/error_record_slots.h"
+#include "csrc/linear_cross_entropy.h"
 #include "csrc/pending_errors.h"
 #include "csrc/problem.h"
 #include "csrc/runtime.h"
@@ -228,6 +230,10 @@ void DefineModule(py::module_& m) {
     info["built_against_tensorflow"] = TF_METAL_OPS_BUILT_AGAINST_TF;
     info["tensorflow_api"] = "C API only (tensorflow/c/ops.h, tensorflow/c/kernels.h)";
     info["metal_compiled_in"] = MetalCompiledIn();
+    // The BLAS of linear_cross_entropy's products (csrc/cpu/gemm.h), and its own description.
+    info["blas"] = GemmLibrary();
+    info["blas_config"] = GemmConfig();
+    info["blas_available"] = GemmAvailable();
     // "precompiled" (.metallib next to the library), "source" (compiled at first use from the
     // shipped .metal source) or "none" (no Metal in this build).
     info["metal_kernel_library"] = TF_METAL_OPS_KERNEL_LIBRARY;
@@ -399,6 +405,10 @@ void DefineModule(py::module_& m) {
     return py::bytes(reinterpret_cast<const char*>(&r), sizeof(r));
   });
 
+  // The native linear_cross_entropy's rows per chunk (csrc/linear_cross_entropy.h), for tests
+  // and benchmarks.
+  m.def("linear_chunk_rows", &LinearChunkRows, py::arg("requested"), py::arg("rows"),
+        py::arg("width"), py::arg("classes"));
   m.def("get_cpu_threads", &CpuThreadLimit);
   m.def("set_cpu_threads", [](int threads) {
     if (threads < 0) {
@@ -414,6 +424,40 @@ void DefineModule(py::module_& m) {
   // One pass of the memory floor (csrc/cpu/memory_floor.h) over a C-contiguous float32 matrix:
   // with `dst` None it only reads `src` (the forward op's traffic), otherwise it also writes
   // `dst` (the gradient op's). Runs without the GIL, on the kernels' threads and thread cap.
+  // C = alpha op(A) op(B) + beta C on the native op's BLAS (csrc/cpu/gemm.h), for the products'
+  // speed figures (tests/perf/gemm_rate.py) and the interface's tests. 2-D C-contiguous float32
+  // arrays; C is written in place. Runs without the GIL, on the kernels' thread cap.
+  m.def(
+      "sgemm",
+      [](py::array_t<float, py::array::c_style> a, py::array_t<float, py::array::c_style> b,
+         py::object c_object, bool trans_a, bool trans_b, float alpha, float beta) {
+        if (!py::isinstance<py::array_t<float, py::array::c_style>>(c_object)) {
+          throw std::invalid_argument("c must be a C-contiguous float32 array");
+        }
+        auto c = c_object.cast<py::array_t<float, py::array::c_style>>();
+        if (a.ndim() != 2 || b.ndim() != 2 || c.ndim() != 2 || !c.writeable()) {
+          throw std::invalid_argument("a, b and c must be 2-D float32 arrays, c writable");
+        }
+        const int64_t m = trans_a ? a.shape(1) : a.shape(0);
+        const int64_t k = trans_a ? a.shape(0) : a.shape(1);
+        const int64_t k_b = trans_b ? b.shape(1) : b.shape(0);
+        const int64_t n = trans_b ? b.shape(0) : b.shape(1);
+        if (k != k_b || c.shape(0) != m || c.shape(1) != n || !GemmFits(m, n, k)) {
+          throw std::invalid_argument("sgemm: shapes do not fit: op(a) " + std::to_string(m) +
+                                      "x" + std::to_string(k) + ", op(b) " +
+                                      std::to_string(k_b) + "x" + std::to_string(n) + ", c " +
+                                      std::to_string(c.shape(0)) + "x" +
+                                      std::to_string(c.shape(1)));
+        }
+        if (!GemmAvailable()) throw std::runtime_error("sgemm: no BLAS in this process");
+        float* out = c.mutable_data();
+        py::gil_scoped_release release;
+        SetGemmThreads(CpuThreadLimit());
+        Sgemm(trans_a ? Transpose::kYes : Transpose::kNo, trans_b ? Transpose::kYes : Transpose::kNo,
+              m, n, k, alpha, a.data(), a.shape(1), b.data(), b.shape(1), beta, out, n);
+      },
+      py::arg("a"), py::arg("b"), py::arg("c"), py::arg("trans_a") = false,
+      py::arg("trans_b") = false, py::arg("alpha") = 1.0f, py::arg("beta") = 0.0f);
   m.def(
       "memory_floor_pass",
       [](py::array_t<float, py::array::c_style> src, py::object dst) {

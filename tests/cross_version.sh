@@ -50,10 +50,15 @@ missing_symbols() {
     <(nm -D --defined-only "$2" | awk '{print $NF}' | sed 's/@.*//' | grep '^TF_' | sort -u)
 }
 
+OPENBLAS_REQUIREMENT=$(grep -o '"scipy-openblas32==[^;"]*' "$ROOT/pyproject.toml" | head -1 | tr -d '"')
+[ -n "$OPENBLAS_REQUIREMENT" ] || { echo "cross_version.sh: no scipy-openblas32 pin in pyproject.toml" >&2; exit 1; }
+
 make_venv() {  # make_venv DIR TF_VERSION
   "$PYTHON" -m venv "$1"
   "$1/bin/python" -m pip install -q --upgrade pip
-  "$1/bin/python" -m pip install -q "tensorflow-cpu==$2.*" pytest hypothesis
+  # The wheel goes in with --no-deps: its one Linux dependency besides NumPy, the OpenBLAS it
+  # links (pyproject.toml's pin), is installed here.
+  "$1/bin/python" -m pip install -q "tensorflow-cpu==$2.*" pytest hypothesis "$OPENBLAS_REQUIREMENT"
 }
 
 for version in "${VERSIONS[@]}"; do

@@ -112,8 +112,10 @@ def _op_types(concrete) -> set:
 
 @pytest.mark.parametrize("reduction", ["mean", None])
 def test_linear_cross_entropy_sums_in_place_on_the_cpu(reduction):
-    h = tf.random.normal([10, 4])
-    w = tf.random.normal([4, 7])
+    """float64 runs linear_cross_entropy's chunk loop of TensorFlow ops, which sums in place on
+    the CPU; float32 and float16 run the native op, whose loop needs no AddInto."""
+    h = tf.random.normal([10, 4], dtype=tf.float64)
+    w = tf.random.normal([4, 7], dtype=tf.float64)
     y = tf.constant(np.arange(10) % 7, tf.int32)
 
     def step(y, h, w):
@@ -124,6 +126,8 @@ def test_linear_cross_entropy_sums_in_place_on_the_cpu(reduction):
         return tape.gradient(loss, [h, w])
 
     assert "TfMetalOps>AddInto" in _op_types(tf.function(step).get_concrete_function(y, h, w))
-    # mixed precision's float16 compute sums with AddV2 instead
-    half = tf.function(step).get_concrete_function(y, tf.cast(h, tf.float16), w)
-    assert "TfMetalOps>AddInto" not in _op_types(half)
+    for dtype in (tf.float32, tf.float16):
+        native = tf.function(step).get_concrete_function(y, tf.cast(h, dtype),
+                                                         tf.cast(w, tf.float32))
+        types = _op_types(native)
+        assert "TfMetalOps>AddInto" not in types and "TfMetalOps>LinearCrossEntropy" in types

@@ -16,6 +16,7 @@ import sys
 import numpy as np
 import pytest
 
+import tf_metal_ops
 from tf_metal_ops.tools.bench import suite as bench
 
 
@@ -133,7 +134,7 @@ def test_memory_floor_passes_do_the_traffic_they_claim():
 
 def test_bench_linear_head_section_runs_every_case():
     """`--linear-head-only --quick`: each case's memory child ran and reported memory and (for
-    both fused cases and Dense + CustomLoss) the error against float64, the timing child timed
+    fused and Dense + CustomLoss) the error against float64, the timing child timed
     every case in every round, and the targets are worked out."""
     from tf_metal_ops.tools.bench import linear_head as lh
 
@@ -153,15 +154,24 @@ def test_bench_linear_head_section_runs_every_case():
         assert all(extra >= 0 for extra in size["extra_bytes"].values())
         assert all(ms > 0 for ms in size["median_ms"].values())
         assert set(size["times_ms"]) == set(cases)
+        for case, runs in size["extra_bytes_runs"].items():  # the median of MEMORY_REPEATS
+            assert len(runs) == lh.MEMORY_REPEATS
+            assert size["extra_bytes"][case] == int(statistics.median(runs))
         for case, times in size["times_ms"].items():
             assert len(times) == section["rounds"] == lh.QUICK_ROUNDS
             assert size["median_ms"][case] == pytest.approx(statistics.median(times))
-        assert set(size["errors"]) == {"fused", "fused_d_rows", "dense_custom"}
+        assert set(size["errors"]) == {"fused", "dense_custom"}
         for errors in size["errors"].values():
             assert set(errors) == {"loss", "d_hidden", "d_kernel", "d_bias"}
             assert all(0 <= error < 1e-6 for error in errors.values()), errors
-        for fused in ("fused", "fused_d_rows"):
+        for fused in lh.FUSED_CASES:
             assert size["targets"][f"time {fused} / dense_custom"] == pytest.approx(
                 size["median_ms"][fused] / size["median_ms"]["dense_custom"])
+            assert size["targets"][f"time {fused} / dense_keras"] == pytest.approx(
+                size["median_ms"][fused] / size["median_ms"]["dense_keras"])
+            assert f"time {fused} <= {lh.TIME_TARGET} x dense_custom" in size["targets"]
+    # What the times depend on: TensorFlow's oneDNN setting and the native op's BLAS.
+    assert section["backends"]["blas"] == tf_metal_ops._native.build_info()["blas"]
+    assert "TF_ENABLE_ONEDNN_OPTS" in section["backends"]
     table = bench.format_table(report)
     assert "linear head" in table and all(case in table for case in cases)

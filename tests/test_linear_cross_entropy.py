@@ -170,14 +170,217 @@ def assert_within_bars(option, reduction, got, what="", chunk_size=ROWS, jit_com
         assert error <= bar, f"{what} {option} {reduction}: {name} error {error:.3g} > {bar:.3g}"
 
 
+@pytest.fixture(params=["native op", "composed loop"])
+def implementation(request, monkeypatch):
+    """The native op (csrc/linear_cross_entropy.h), or the chunk loop of TensorFlow ops that
+    float64, XLA and devices without our kernels run."""
+    monkeypatch.setattr(linear_module, "USE_NATIVE_OP", request.param == "native op")
+    return request.param
+
+
+def _op_types(function, *args) -> set:
+    graph = function.get_concrete_function(*args).graph
+    types = {op.type for op in graph.get_operations()}
+    for f in graph._functions.values():  # the custom gradient's and the loops' bodies
+        types |= {node.op for node in f.definition.node_def}
+    return types
+
+
 @pytest.mark.tf_abi
 @pytest.mark.native
 @pytest.mark.parametrize("chunk_size", CHUNKS)
 @pytest.mark.parametrize("option", list(OPTION_SETS))
 @pytest.mark.parametrize("reduction", REDUCTIONS)
-def test_loss_and_gradients_match_float64(reduction, option, chunk_size):
+def test_loss_and_gradients_match_float64(reduction, option, chunk_size, implementation):
     assert_within_bars(option, reduction, ours(option, reduction, chunk_size),
-                       what=f"chunk {chunk_size}", chunk_size=chunk_size)
+                       what=f"{implementation}, chunk {chunk_size}", chunk_size=chunk_size)
+
+
+@pytest.mark.native
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_native_op_runs_the_whole_loop(reduction):
+    """float32 on the CPU: one native op (and its gradient op for per-row losses), no
+    tf.while_loop, no logits-sized matmul of TensorFlow's; float64: the loop of TensorFlow ops."""
+    h, w, b, labels, op, _, upstream = inputs("plain")
+
+    def step(h_t):
+        with tf.GradientTape() as tape:
+            tape.watch(h_t)
+            loss = tf_metal_ops.linear_cross_entropy(labels, h_t, w, b, reduction=reduction,
+                                                     chunk_size=10)
+            total = loss if reduction is not None else tf.reduce_sum(loss * upstream)
+        return tape.gradient(total, h_t)
+
+    types = _op_types(tf.function(step), tf.constant(h))
+    assert "TfMetalOps>LinearCrossEntropy" in types
+    assert ("TfMetalOps>LinearCrossEntropyGrad" in types) == (reduction is None)
+    assert not types & {"While", "StatelessWhile", "MatMul", "BatchMatMulV2"}, types
+    types64 = _op_types(tf.function(step), tf.constant(h.astype(np.float64)))
+    assert "TfMetalOps>LinearCrossEntropy" not in types64
+    assert types64 & {"While", "StatelessWhile"}
+
+
+@pytest.mark.native
+@pytest.mark.simd
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_native_op_on_this_cpus_rows_matches_float64_small(reduction):
+    """A small case of the native op (BLAS products and the vector rows of this CPU's
+    instruction set): what the aarch64 (NEON under qemu) and clang builds run."""
+    rng = np.random.default_rng(5)
+    rows, width, classes = 19, 6, 1003  # a vector tail in every row
+    h = rng.normal(size=(rows, width)).astype(np.float32)
+    w = (rng.normal(size=(width, classes)) * 2).astype(np.float32)
+    b = rng.normal(size=classes).astype(np.float32)
+    labels = rng.integers(0, classes, rows)
+    labels[3] = -1
+    upstream = rng.uniform(0.5, 1.5, rows).astype(np.float32)
+    kwargs = dict(gamma=1.5, label_smoothing=0.05, ignore_class=-1, reduction=reduction,
+                  chunk_size=4)
+    tensors = [tf.constant(a) for a in (h, w, b)]
+    with tf.GradientTape() as tape:
+        tape.watch(tensors)
+        loss = tf_metal_ops.linear_cross_entropy(labels, *tensors, **kwargs)
+        total = loss if reduction is not None else tf.reduce_sum(loss * upstream)
+    got = [loss.numpy(), *(g.numpy() for g in tape.gradient(total, tensors))]
+    z = h.astype(np.float64) @ w.astype(np.float64) + b
+    ref = dict(gamma=1.5, label_smoothing=float(np.float32(0.05)), ignore_class=-1)
+    losses = reference.custom_loss(labels, z, **ref)
+    valid = (labels != -1).astype(np.float64)
+    scales = {"mean": valid / valid.sum(), "sum": np.ones(rows), None: upstream}[reduction]
+    g = reference.custom_loss_grad(labels, z, **ref) * scales[:, None]
+    want = [losses if reduction is None else np.sum(losses * scales), g @ w.T.astype(np.float64),
+            h.T.astype(np.float64) @ g, g.sum(axis=0)]
+    for name, value, exact_value in zip(("loss", "d_hidden", "d_kernel", "d_bias"), got, want):
+        assert relative_error(value, exact_value) < 2e-6, name
+
+
+@pytest.mark.native
+@pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16])
+@pytest.mark.parametrize("reduction", ["mean", None])
+def test_native_16_bit_hidden_states_compute_in_float32(dtype, reduction):
+    """mixed precision: 16-bit hidden states with a float32 kernel; every product is float32,
+    so the loss and gradients are those of the float32 op on the same (rounded) hidden states,
+    d hidden rounded once to the hidden states' dtype."""
+    h, w, b, labels, _, _, upstream = inputs("focal + smoothing")
+    h16 = tf.cast(tf.constant(h / 2), dtype)
+    h32 = tf.cast(h16, tf.float32)
+    results = []
+    for hidden in (h16, h32):
+        with tf.GradientTape() as tape:
+            tape.watch([hidden])
+            wv, bv = tf.constant(w), tf.constant(b)
+            tape.watch([wv, bv])
+            loss = tf_metal_ops.linear_cross_entropy(labels, hidden, wv, bv, gamma=2.0,
+                                                     label_smoothing=0.1, reduction=reduction,
+                                                     chunk_size=10)
+            total = loss if reduction is not None else tf.reduce_sum(loss * upstream)
+        results.append([loss, *tape.gradient(total, [hidden, wv, bv])])
+    got, want = results
+    assert got[0].dtype == tf.float32 and got[1].dtype == dtype and got[2].dtype == tf.float32
+    np.testing.assert_allclose(got[0].numpy(), want[0].numpy(), rtol=1e-6)
+    np.testing.assert_allclose(got[1].numpy().astype(np.float32),
+                               tf.cast(tf.cast(want[1], dtype), tf.float32).numpy(), rtol=0,
+                               atol=0)
+    for g, e in zip(got[2:], want[2:]):
+        np.testing.assert_allclose(g.numpy(), e.numpy(), rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.native
+def test_native_results_do_not_depend_on_the_thread_count():
+    option = "class weights + smoothing"
+    previous = tf_metal_ops.get_cpu_threads()
+    try:
+        tf_metal_ops.set_cpu_threads(1)
+        one = ours(option, "mean", 10)
+        tf_metal_ops.set_cpu_threads(2)
+        two = ours(option, "mean", 10)
+    finally:
+        tf_metal_ops.set_cpu_threads(0 if previous == tf_metal_ops.get_cpu_threads() else previous)
+    for a, b in zip(one, two):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-9)
+
+
+def test_native_default_chunk_holds_about_n_times_d_logits():
+    chunk_rows = tf_metal_ops._native.runtime().linear_chunk_rows
+    assert chunk_rows(0, 8192, 512, 32000) == 256  # 131 rows of logits: the 256-row floor
+    assert chunk_rows(0, 8192, 512, 128256) == 256
+    assert chunk_rows(0, 8192, 4096, 32000) == 1049  # ceil(8192 * 4096 / 32000)
+    assert chunk_rows(0, 100, 8, 50) == 100  # never more than the rows
+    assert chunk_rows(7, 100, 8, 50) == 7
+    assert chunk_rows(700, 100, 8, 50) == 100
+
+
+RAW_ATTRS = dict(gamma=0.0, label_smoothing=0.0, has_ignore_class=False, ignore_class=0)
+
+
+def _raw(hidden, kernel, bias, labels, class_weights=(), row_scales=(), chunk_rows=0, **attrs):
+    return tf_metal_ops._native.op_module().tf_metal_ops_linear_cross_entropy(
+        hidden=hidden, kernel=kernel, bias=bias, labels=labels,
+        class_weights=tf.constant(class_weights, tf.float32, shape=[len(class_weights)]),
+        row_scales=tf.constant(row_scales, tf.float32, shape=[len(row_scales)]),
+        chunk_rows=chunk_rows, **{**RAW_ATTRS, **attrs})
+
+
+@pytest.mark.native
+def test_raw_native_op_rejects_bad_input_naming_it():
+    h, w, b = tf.ones([4, 3]), tf.ones([3, 5]), tf.zeros([5])
+    y = tf.constant([0, 1, 2, 3])
+    bad = tf.errors.InvalidArgumentError
+    with pytest.raises(bad, match=r"LinearCrossEntropy.*kernel must have shape \[d, num_classes\]"
+                                  r".*kernel shape \[2, 5\] and hidden shape \[4, 3\]"):
+        _raw(h, tf.ones([2, 5]), b, y)
+    with pytest.raises(bad, match=r"bias must have shape \[5\]; got \[4\]"):
+        _raw(h, w, tf.zeros([4]), y)
+    with pytest.raises(bad, match=r"sparse labels must have shape \[rows\].*labels shape \[3\]"):
+        _raw(h, w, b, tf.constant([0, 1, 2]))
+    with pytest.raises(bad, match=r"class_weights must have shape \[5\].*got \[2\]"):
+        _raw(h, w, b, y, class_weights=[1.0, 1.0])
+    with pytest.raises(bad, match=r"row_scales must have shape \[4\].*got \[3\]"):
+        _raw(h, w, b, y, row_scales=[1.0, 1.0, 1.0])
+    with pytest.raises(bad, match=r"labels\[2\] = 9 is not a class id in \[0, 5\)"):
+        _raw(h, w, b, tf.constant([0, 1, 9, 3]), chunk_rows=1)
+    with pytest.raises(bad, match=r"labels\[1\] = -1 is not a class id in \[0, 5\) nor "
+                                  r"ignore_class \(4\)"):
+        _raw(h, w, b, tf.constant([0, -1, 2, 3], tf.int64), has_ignore_class=True,
+             ignore_class=4)
+    with pytest.raises(bad, match=r"class_weights\[3\] = -1 must be a finite number >= 0"):
+        _raw(h, w, b, y, class_weights=[1.0, 1.0, 1.0, -1.0, 1.0])
+    with pytest.raises(bad, match=r"chunk_rows must be >= 0.*got -3"):
+        _raw(h, w, b, y, chunk_rows=-3)
+    with pytest.raises(bad, match=r"gamma must be a finite number >= 0"):
+        _raw(h, w, b, y, gamma=-1.0)
+    with pytest.raises((bad, ValueError), match=r"rank 2|hidden must have shape"):
+        _raw(tf.ones([4]), w, b, y)
+    # Errors leave the op usable: the next good call works.
+    loss, stats, dh, dw, db = _raw(h, w, b, y, row_scales=[0.25] * 4)
+    assert loss.shape == (4,) and stats.shape == (4, 3) and dw.shape == (3, 5)
+    np.testing.assert_allclose(loss.numpy(), np.log(5.0), rtol=1e-6)
+
+
+@pytest.mark.native
+def test_raw_native_op_without_row_scales_makes_no_gradients():
+    h, w, b = tf.ones([4, 3]), tf.ones([3, 5]), tf.zeros([5])
+    loss, stats, dh, dw, db = _raw(h, w, b, tf.constant([0, 1, 2, 3]))
+    assert dh.shape == (0,) and dw.shape == (0,) and db.shape == (0,)
+    np.testing.assert_allclose(stats.numpy()[:, 0], 3.0)  # max z: every logit is 3
+    empty = _raw(tf.ones([0, 3]), w, b, tf.zeros([0], tf.int32), row_scales=[])
+    assert empty[0].shape == (0,) and empty[2].shape == (0, 3)
+    assert not np.any(empty[3].numpy()) and empty[3].shape == (3, 5)
+
+
+@pytest.mark.native
+def test_native_second_derivative_says_it_is_missing():
+    h, w, b, labels, _, _, _ = inputs("plain")
+    hv = tf.constant(h)
+    with pytest.raises(NotImplementedError, match="Second derivatives"):
+        with tf.GradientTape() as outer:
+            outer.watch(hv)
+            with tf.GradientTape() as inner:
+                inner.watch(hv)
+                loss = tf.reduce_sum(tf_metal_ops.linear_cross_entropy(
+                    labels, hv, w, b, reduction=None))
+            g = inner.gradient(loss, hv)
+        outer.gradient(g, hv)
 
 
 @pytest.mark.parametrize("reduction", ["mean", None])

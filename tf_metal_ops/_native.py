@@ -9,10 +9,12 @@ see one set of process-wide settings).
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import importlib.machinery
 import importlib.metadata
 import os
+import sys
 import warnings
 from pathlib import Path
 from types import ModuleType
@@ -25,6 +27,8 @@ COMMIT_AND_WAIT_ENV = "TF_METAL_OPS_COMMIT_AND_WAIT"
 # The ops the library registers (csrc/ops.cc), namespaced in TensorFlow's registry.
 FORWARD_OP = "TfMetalOps>CustomLoss"
 GRADIENT_OP = "TfMetalOps>CustomLossGrad"
+LINEAR_OP = "TfMetalOps>LinearCrossEntropy"
+LINEAR_GRADIENT_OP = "TfMetalOps>LinearCrossEntropyGrad"
 LOSS_OPS = (FORWARD_OP, GRADIENT_OP)
 # TensorFlow's short names for the DataType enum values our attrs use.
 _DTYPE_NAMES = {1: "float", 2: "double", 3: "int32", 9: "int64", 14: "bfloat16", 19: "half"}
@@ -81,6 +85,28 @@ def library_path() -> Path:
     )
 
 
+def preload_openblas() -> None:
+    """Linux: loads the scipy-openblas32 wheel's OpenBLAS, which the native library links
+    against (csrc/cpu/gemm.h), so that the loader finds it by its soname already loaded whatever
+    the layout (the library's run path names the wheel's place beside it in site-packages, which
+    an in-place build or a copied package does not have). macOS links Accelerate instead."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import scipy_openblas32
+    except ImportError as error:
+        raise NativeLibraryError(
+            "tf_metal_ops's native library needs OpenBLAS from the scipy-openblas32 package, "
+            "which is not installed: run `pip install scipy-openblas32` (a dependency of "
+            "tf_metal_ops on Linux)."
+        ) from error
+    path = Path(scipy_openblas32.get_lib_dir()) / scipy_openblas32.get_library(fullname=True)
+    try:
+        ctypes.CDLL(str(path))
+    except OSError as error:
+        raise NativeLibraryError(f"could not load OpenBLAS from {path}: {error}") from error
+
+
 @functools.lru_cache(maxsize=None)
 def load() -> Tuple[ModuleType, ModuleType]:
     """Returns (op module, runtime module), loading them on first use."""
@@ -94,6 +120,7 @@ def load() -> Tuple[ModuleType, ModuleType]:
         ) from error
     check_tensorflow_version(tf.__version__)
     path = library_path()
+    preload_openblas()
     try:
         ops = tf.load_op_library(str(path))
     except (tf.errors.NotFoundError, OSError) as error:

@@ -242,8 +242,10 @@ class LinearCrossEntropyHead(keras.layers.Layer):
         gamma, label_smoothing, class_weights, ignore_class: as for `CustomLoss`.
         chunk_size: rows of logits made at once (default: `linear_cross_entropy`'s).
         kernel_initializer, bias_initializer: as for `Dense`.
-        **kwargs: as for every layer (name, dtype: a `mixed_float16` policy computes the
-            logits in float16 from a float32 kernel, as `Dense` does; the losses stay float32).
+        **kwargs: as for every layer (name, dtype: under a `mixed_float16` policy the hidden
+            states are float16 and the kernel float32; the native op on the CPU computes the
+            logits in float32, the tf.while_loop route in float16 as `Dense` does; the losses
+            stay float32).
 
     Example (compile with `PerTokenLoss`; `fit` takes the labels as an input and as `y`):
 

@@ -1,5 +1,12 @@
 """`linear_cross_entropy`: a language-model head's loss without its logits.
 
+On the CPU, for float32, float16 and bfloat16 hidden states, one native op runs the whole chunk
+loop on the platform's BLAS (csrc/linear_cross_entropy.h, csrc/cpu/linear_cross_entropy_cpu.cc;
+`_native_loss` below): its reduced forward returns the loss and the three gradients, which the
+backward scales by the upstream scalar; per-row losses get the native gradient op, which makes
+each chunk's logits again. Everywhere else (float64, XLA, a device without our kernels, a Mac's
+GPU) the loop is a tf.while_loop of TensorFlow ops, which the rest of this docstring describes.
+
 For hidden states `h` [N, d] and a projection `W` [d, V] the logits `h @ W + b` are by far the
 largest tensor of a step (at N = 8192 and V = 128256, 4 GiB in float32, and their gradient as
 much again). Here they are made `chunk_size` rows at a time, each chunk handed to the same
@@ -36,6 +43,7 @@ matrices.
 
 from __future__ import annotations
 
+import functools
 import numbers
 from typing import Any, Optional, Union
 
@@ -51,7 +59,7 @@ from tf_metal_ops.loss_inputs import (
     report_bad_label,
     sum_dtype,
 )
-from tf_metal_ops.ops import forward_op, forward_writes_gradient, gradient_op
+from tf_metal_ops.ops import forward_op, forward_writes_gradient, gradient_op, linear_forward_op
 
 REDUCTIONS = ("mean", "sum", None)
 # The default chunk holds about this many bytes of logits (float32). Smaller chunks cost time:
@@ -61,6 +69,12 @@ REDUCTIONS = ("mean", "sum", None)
 # its pool side by side, several chunks' worth (docs/performance.md has the figures).
 DEFAULT_CHUNK_BYTES = 32 * 2**20
 HIDDEN_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
+# The hidden-state dtypes the native op (csrc/linear_cross_entropy.h) takes; float64 runs the
+# chunk loop of TensorFlow ops.
+NATIVE_DTYPES = (tf.float16, tf.bfloat16, tf.float32)
+# Whether linear_cross_entropy may use the native op where it can run. False runs the chunk
+# loop of TensorFlow ops everywhere, for comparisons (tests, benchmarks).
+USE_NATIVE_OP = True
 # Summed in place, a chunk of fewer than d rows makes its d kernel product in vocabulary blocks
 # of about this size (see _kernel_gradient_blocks): the loop then holds the sum, one chunk of
 # logits and one block, where a whole product would be a second d x V matrix, larger than the
@@ -195,7 +209,9 @@ class _ChunkLoss:
                 tape.watch(z)
                 losses = self._composed(z, y)
             return tape.gradient(losses, z, output_gradients=tf.cast(upstream, losses.dtype))
-        return gradient_op(z, self._with_labels(y), upstream, row_stats)
+        # The statistics went through the loop in the sum dtype (float64 for float64 logits);
+        # the op takes float32.
+        return gradient_op(z, self._with_labels(y), upstream, tf.cast(row_stats, tf.float32))
 
     def _with_labels(self, y: tf.Tensor) -> LossInputs:
         return self.inputs._replace(labels=y)
@@ -210,6 +226,13 @@ def _runs_on_cpu(hidden: tf.Tensor) -> bool:
     device_type = loss_path.target_device_type(loss_path.requested_device(hidden),
                                                loss_path.visible_device_types())
     return device_type == "CPU"
+
+
+@functools.lru_cache(maxsize=None)
+def _blas_available() -> bool:
+    """Whether the native op has its BLAS here (always on Linux; on macOS, Accelerate's current
+    interface, macOS 13.3 and later)."""
+    return bool(_native.runtime().build_info().get("blas_available", False))
 
 
 def _valid_rows(labels: tf.Tensor, dense: bool, ignore_class: Optional[int]) -> tf.Tensor:
@@ -262,21 +285,26 @@ def linear_cross_entropy(
         labels: class ids of shape `hidden.shape[:-1]` (any integer dtype or whole floats, a
             trailing dimension of 1 accepted), or dense targets of shape
             `hidden.shape[:-1] + [num_classes]`.
-        hidden: hidden states `[..., d]`, float16, bfloat16, float32 or float64: their dtype
-            is the compute dtype of the logits.
+        hidden: hidden states `[..., d]`, float16, bfloat16, float32 or float64. On the
+            native op (the CPU, but for float64) every product is float32, 16-bit hidden
+            states converted a chunk at a time; on the tf.while_loop route their dtype is the
+            compute dtype of the logits.
         kernel: the projection `[d, num_classes]` (Keras's Dense layout; for a tied embedding
             matrix `[num_classes, d]`, pass its transpose). A kernel of another float dtype (a
-            float32 variable under `mixed_float16`) is cast to the hidden states' dtype, as
-            Keras's Dense does.
+            float32 variable under `mixed_float16`) is cast to float32 for the native op, to
+            the hidden states' dtype on the tf.while_loop route (as Keras's Dense does); its
+            gradient has its own dtype.
         bias: optional `[num_classes]`, cast likewise.
         gamma, label_smoothing, class_weights, ignore_class: as for `custom_loss`.
         reduction: `"mean"` (over the rows not labelled `ignore_class`; 0 when there are
             none), `"sum"`, or None (per-row losses of shape `hidden.shape[:-1]`).
-        chunk_size: rows of logits made at once; default: about 32 MiB of float32 logits,
-            or d / 2 rows where that is more (`default_chunk_size`), at most the number of
-            rows. With at least d rows each chunk's d kernel product is made whole: no
+        chunk_size: rows of logits made at once. Default on the native op: about N x d
+            logits, at least 256 rows (csrc/linear_cross_entropy.h); on the tf.while_loop
+            route: about 32 MiB of float32 logits, or d / 2 rows where that is more
+            (`default_chunk_size`). At most the number of rows. On the tf.while_loop
+            route, with at least d rows each chunk's d kernel product is made whole: no
             copies of the gradient's columns, but that d x V product, not a block of it, is
-            held beside the sum (docs/performance.md compares both).
+            held beside the sum.
         name: optional name scope.
 
     Returns:
@@ -317,6 +345,10 @@ def linear_cross_entropy(
         flat_labels = (tf.reshape(labels_t, [-1, num_classes if num_classes is not None
                                              else v_dynamic]) if dense
                        else tf.reshape(labels_t, [-1]))
+        if (native and USE_NATIVE_OP and compute_dtype in NATIVE_DTYPES and _runs_on_cpu(h)
+                and _blas_available()):
+            return _native_loss(h2, w, b, inputs._replace(labels=flat_labels), reduction,
+                                chunk_size, rows_shape, ignore_class)
         static_rows = h2.shape[0]
         if chunk_size is None:
             chunk_size = default_chunk_size(num_classes or 1, static_rows, h.shape[-1])
@@ -343,6 +375,55 @@ def linear_cross_entropy(
         if reduction is None:
             return tf.reshape(_unreduced(h2, w, b, *args), rows_shape)
         return _reduced(h2, w, b, *args)
+
+
+def _native_loss(h2: tf.Tensor, w: tf.Tensor, b: Optional[tf.Tensor], inputs: LossInputs,
+                 reduction: Optional[str], chunk_size: Optional[int], rows_shape: tf.Tensor,
+                 ignore_class: Optional[int]) -> tf.Tensor:
+    """The loss on the native op, which runs the whole chunk loop (csrc/cpu/
+    linear_cross_entropy_cpu.cc). The kernel and bias go in as float32 (the products are
+    float32 for every hidden dtype); their gradients come back in their own dtype."""
+    labels = inputs.labels
+    if inputs.dense:
+        labels = tf.cast(labels, tf.float32)
+    inputs = inputs._replace(labels=labels)
+    chunk_rows = chunk_size or 0  # 0: the op's default (csrc/linear_cross_entropy.h)
+    w_dtype = w.dtype
+    b_dtype = w.dtype if b is None else b.dtype
+    if b is None:  # a zero bias: its gradient, computed and dropped, is one row of V
+        b = tf.zeros(tf.shape(w)[1:], tf.float32)
+    if reduction is None:
+        loss, _, _, _, _ = linear_forward_op(h2, tf.cast(w, tf.float32), tf.cast(b, tf.float32),
+                                             inputs, None, chunk_rows)
+        return tf.reshape(loss, rows_shape)
+    valid = _valid_rows(labels, inputs.dense, ignore_class)
+    if reduction == "mean":
+        scales = tf.math.divide_no_nan(valid, tf.reduce_sum(valid))
+    else:
+        scales = tf.ones_like(valid)
+    scales = tf.stop_gradient(scales)
+
+    @tf.custom_gradient
+    def fused(h, w_own, b_own):
+        loss, _, dh, dw, db = linear_forward_op(h, tf.cast(w_own, tf.float32),
+                                                tf.cast(b_own, tf.float32), inputs, scales,
+                                                chunk_rows)
+        total = tf.reduce_sum(loss * scales)
+        dh = tf.ensure_shape(dh, h.shape)
+        dw = tf.cast(tf.ensure_shape(dw, w_own.shape), w_dtype)
+        db = tf.cast(tf.ensure_shape(db, b_own.shape), b_dtype)
+
+        def backward(upstream):
+            u = tf.cast(upstream, tf.float32)
+
+            def scaled(g):
+                return tf.cond(tf.equal(u, 1.0), lambda: g, lambda: g * tf.cast(u, g.dtype))
+
+            return scaled(dh), scaled(dw), scaled(db)
+
+        return total, backward
+
+    return fused(h2, w, b)
 
 
 def _static(chunk_size: Union[int, tf.Tensor]) -> Optional[int]:

@@ -11,7 +11,7 @@ from typing import Optional
 import tensorflow as tf
 
 from tf_metal_ops import _native, composed, runtime
-from tf_metal_ops._native import FORWARD_OP, GRADIENT_OP
+from tf_metal_ops._native import FORWARD_OP, GRADIENT_OP, LINEAR_GRADIENT_OP, LINEAR_OP
 from tf_metal_ops.loss_inputs import (
     LossInputs,
     LossOptions,
@@ -38,6 +38,21 @@ def gradient_op(logits: tf.Tensor, inputs: LossInputs, upstream: tf.Tensor,
     return _native.op_module().tf_metal_ops_custom_loss_grad(
         logits=logits, labels=inputs.labels, class_weights=inputs.class_weights,
         upstream=tf.cast(upstream, logits.dtype), row_stats=row_stats,
+        **inputs.options.op_attrs())
+
+
+def linear_forward_op(hidden: tf.Tensor, kernel: tf.Tensor, bias: tf.Tensor, inputs: LossInputs,
+                      row_scales: Optional[tf.Tensor], chunk_rows: int = 0):
+    """The fused linear head's forward op (csrc/linear_cross_entropy.h): (per-row loss, row
+    statistics, d hidden, d kernel, d bias). `hidden` is [N, d] of float16, bfloat16 or float32;
+    `kernel` [d, V] and `bias` [V] float32. Given row scales [N] (a reduced loss) it returns the
+    gradients of `sum(row_scales * loss)`; without (None) the three are [0]. `chunk_rows` 0: the
+    op's default chunk."""
+    runtime.follow_tensorflow_threads()
+    scales = tf.zeros([0], tf.float32) if row_scales is None else row_scales
+    return _native.op_module().tf_metal_ops_linear_cross_entropy(
+        hidden=hidden, kernel=kernel, bias=bias, labels=inputs.labels,
+        class_weights=inputs.class_weights, row_scales=scales, chunk_rows=chunk_rows,
         **inputs.options.op_attrs())
 
 
@@ -236,4 +251,35 @@ def _second_derivative(op: tf.Operation, upstream: tf.Tensor):
     raise NotImplementedError(
         "Second derivatives of tf_metal_ops.custom_loss are not implemented "
         f"(gradient of {GRADIENT_OP}); use a composed loss for Hessian-vector products."
+    )
+
+
+def _linear_attrs(op: tf.Operation) -> dict:
+    return dict(_op_attrs(op), chunk_rows=op.get_attr("chunk_rows"))
+
+
+@tf.RegisterGradient(LINEAR_OP)
+def _linear_cross_entropy_gradient(op: tf.Operation, upstream: Optional[tf.Tensor],
+                                   *_unused_upstreams):
+    # The gradient op makes each chunk's logits again (with the forward's chunk_rows, so that
+    # they are the logits the row statistics came from) and runs the gradient rows with the
+    # per-row upstream. The forward's own gradient outputs (reduced losses) and its statistics
+    # are not differentiable: their upstream gradients are ignored. A reduced loss does not come
+    # here: tf_metal_ops.linear_cross_entropy scales the forward's gradients instead.
+    hidden, kernel, bias, labels, class_weights, _ = op.inputs
+    if upstream is None:
+        upstream = tf.zeros(tf.shape(op.outputs[0]), tf.float32)
+    d_hidden, d_kernel, d_bias = _native.op_module().tf_metal_ops_linear_cross_entropy_grad(
+        hidden=hidden, kernel=kernel, bias=bias, labels=labels, class_weights=class_weights,
+        upstream=upstream, row_stats=op.outputs[1], **_linear_attrs(op))
+    return [tf.ensure_shape(d_hidden, hidden.shape), tf.ensure_shape(d_kernel, kernel.shape),
+            tf.ensure_shape(d_bias, bias.shape), None, None, None]
+
+
+@tf.RegisterGradient(LINEAR_GRADIENT_OP)
+def _linear_second_derivative(op: tf.Operation, *upstreams):
+    raise NotImplementedError(
+        "Second derivatives of tf_metal_ops.linear_cross_entropy's native op are not "
+        f"implemented (gradient of {LINEAR_GRADIENT_OP}); use the composed path (XLA) for "
+        "Hessian-vector products."
     )

@@ -10,7 +10,9 @@
 #   tests/cpu_math/simd_math_check.cc   NEON exp/log/log1p/expm1 within the ulps of
 #                                       tests/test_simd_math.py (every 256th float32)
 #   the tests marked `simd`             the CPU kernels against the reference, their
-#                                       bit-for-bit paths, float32 error at C = 32000-262144
+#                                       bit-for-bit paths, float32 error at C = 32000-262144,
+#                                       and linear_cross_entropy's native op on the aarch64
+#                                       scipy-openblas32 wheel's OpenBLAS
 # The two builds' test runs go side by side (one process each).
 #
 # Environment:
@@ -40,7 +42,11 @@ PYTHON=${PYTHON:-python3}
 WORK=${AARCH64_WORK:-${XDG_CACHE_HOME:-$HOME/.cache}/tf_metal_ops_aarch64}
 TENSORFLOW_REQUIREMENT="tensorflow==2.21.0"
 # The tools the tests import, beside TensorFlow (its own dependencies come with it).
-TEST_REQUIREMENTS=(pytest hypothesis pybind11 "setuptools>=77")
+# scipy-openblas32 is also the BLAS the aarch64 build links (setup.py finds it in this target
+# directory when the emulated Python runs setup.py): pyproject.toml's pin, read from there.
+OPENBLAS_REQUIREMENT=$(grep -o '"scipy-openblas32==[^;"]*' "$ROOT/pyproject.toml" | head -1 | tr -d '"')
+[ -n "$OPENBLAS_REQUIREMENT" ] || { echo "aarch64_qemu.sh: no scipy-openblas32 pin in pyproject.toml" >&2; exit 1; }
+TEST_REQUIREMENTS=(pytest hypothesis pybind11 "setuptools>=77" "$OPENBLAS_REQUIREMENT")
 # The aarch64 CPython 3.11 and the shared libraries it and TensorFlow's wheel load (Debian 12).
 ARM64_PACKAGES=(
   libc6 libgcc-s1 libstdc++6 python3.11-minimal libpython3.11-minimal libpython3.11-stdlib

@@ -4,8 +4,8 @@
 
 What a Mac's dynamic loader would hold against the bundle, checked without a Mac:
   1. it is a 64-bit arm64 Mach-O bundle (MH_BUNDLE) with two-level namespace bindings;
-  2. it loads exactly @rpath/libtensorflow_framework.2.dylib, Foundation, Metal, libobjc,
-     libc++ and libSystem, with @loader_path/../tensorflow as its rpath (where pip puts
+  2. it loads exactly @rpath/libtensorflow_framework.2.dylib, Foundation, Metal, Accelerate,
+     libobjc, libc++ and libSystem, with @loader_path/../tensorflow as its rpath (where pip puts
      TensorFlow next to tf_metal_ops);
   3. every symbol it imports is bound to one of those libraries by name, except Python's own
      (_Py*, looked up in the interpreter that loads it): no other flat-namespace binding;
@@ -13,7 +13,10 @@ What a Mac's dynamic loader would hold against the bundle, checked without a Mac
   5. it is an Objective-C image of Apple's runtime built with ARC (an __objc_imageinfo section,
      objc_msgSend and ARC's objc_storeStrong / objc_retainAutoreleasedReturnValue bound from
      libobjc, NSString, NSURL and MTLCompileOptions from Foundation and Metal), carries its own
-     ___isPlatformVersionAtLeast for @available, and exports PyInit__tf_metal_ops.
+     ___isPlatformVersionAtLeast for @available, and exports PyInit__tf_metal_ops;
+  6. its matrix products bind to Accelerate's BLAS: cblas_sgemm's current (ACCELERATE_NEW_LAPACK)
+     entry point _cblas_sgemm$NEWLAPACK from Accelerate, weakly (it exists from macOS 13.3 on,
+     and csrc/cpu/gemm.cc checks for it before calling), and no other BLAS symbol.
 Prints one line per check; exits 1 with every failed check named.
 """
 
@@ -29,16 +32,19 @@ EXPECTED_DYLIBS = {
     "@rpath/libtensorflow_framework.2.dylib",
     "/System/Library/Frameworks/Foundation.framework/Versions/C/Foundation",
     "/System/Library/Frameworks/Metal.framework/Versions/A/Metal",
+    "/System/Library/Frameworks/Accelerate.framework/Versions/A/Accelerate",
     "/usr/lib/libobjc.A.dylib",
     "/usr/lib/libc++.1.dylib",
     "/usr/lib/libSystem.B.dylib",
 }
 # llvm-nm -m names a library by its install name's leaf, without version suffixes.
-LIBRARY_NAMES = {"libtensorflow_framework", "Foundation", "Metal", "libobjc", "libc++", "libSystem"}
+LIBRARY_NAMES = {"libtensorflow_framework", "Foundation", "Metal", "Accelerate", "libobjc",
+                 "libc++", "libSystem"}
+SGEMM = "_cblas_sgemm$NEWLAPACK"
 RPATH = "@loader_path/../tensorflow"
 PYTHON_SYMBOL = re.compile(r"^__?Py")
 # `(undefined) external _TF_NewStatus (from libtensorflow_framework)`
-IMPORT = re.compile(r"^\s*\(undefined\) (?:weak )?external (\S+) \((.+)\)$")
+IMPORT = re.compile(r"^\s*\(undefined\) (weak )?external (\S+) \((.+)\)$")
 
 
 class Checker:
@@ -78,10 +84,13 @@ def check(bundle: Path, framework: Path, checker: Checker) -> None:
     checker.expect("rpath", rpaths == [RPATH], f"LC_RPATH {rpaths}")
 
     imports: dict[str, str] = {}
+    weak: set[str] = set()
     for line in checker.tool("llvm-nm", "-m", "-u", str(bundle)).splitlines():
         match = IMPORT.match(line)
         if match:
-            imports[match.group(1)] = match.group(2)
+            imports[match.group(2)] = match.group(3)
+            if match.group(1):
+                weak.add(match.group(2))
     flat = sorted(s for s, where in imports.items() if where == "dynamically looked up"
                   and not PYTHON_SYMBOL.match(s))
     python = [s for s, where in imports.items() if where == "dynamically looked up"
@@ -131,6 +140,11 @@ def check(bundle: Path, framework: Path, checker: Checker) -> None:
                    and imports.get("__availability_version_check") == "from libSystem",
                    "___isPlatformVersionAtLeast defined inside, _availability_version_check "
                    f"{imports.get('__availability_version_check')}")
+    blas = sorted(s for s in imports if "cblas" in s or s.lstrip("_").startswith("scipy_"))
+    checker.expect("BLAS from Accelerate",
+                   imports.get(SGEMM) == "from Accelerate" and SGEMM in weak and blas == [SGEMM],
+                   f"{SGEMM} {imports.get(SGEMM)}{' (weak)' if SGEMM in weak else ''}; "
+                   f"BLAS imports {blas}")
     exports = checker.tool("llvm-objdump", "--macho", "--exports-trie", str(bundle))
     checker.expect("module entry point", "_PyInit__tf_metal_ops" in exports.split(),
                    "_PyInit__tf_metal_ops exported")

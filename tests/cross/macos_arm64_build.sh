@@ -18,11 +18,12 @@
 #   - the macOS C library headers and libSystem.tbd from the ziglang wheel on PyPI (zig ships
 #     them to cross-compile for macOS);
 #   - Debian's libc++ 19 headers, with Apple's libc++ configuration (tests/cross/macos_libcxx);
-#   - tests/apple_decls for Foundation, Metal and libdispatch: our declarations, written from
+#   - tests/apple_decls for Foundation, Metal, libdispatch and Accelerate: our declarations, written from
 #     Apple's documentation, of exactly the Apple APIs the .mm files use (also what
 #     tests/test_objc_syntax.py checks them against). So the compile checks our code against
 #     those declarations, not against Apple's own headers;
-#   - tests/cross/macos_stubs: .tbd link stubs for Foundation, Metal, libobjc and libc++ listing
+#   - tests/cross/macos_stubs: .tbd link stubs for Foundation, Metal, Accelerate, libobjc and
+#     libc++ listing
 #     the symbols we bind to, each name from a public source cited in the file;
 #   - tests/cross/macos_platform_version.c: compiler-rt's ___isPlatformVersionAtLeast (for
 #     @available), which a Mac's clang links in by itself and Debian's clang cannot;
@@ -97,14 +98,14 @@ cp "$ZIG_LIBC/darwin/libSystem.tbd" "$WORK/sdk/usr/lib/"
 cp "$HERE/macos_stubs/libobjc.A.tbd" "$WORK/sdk/usr/lib/"
 ln -s libobjc.A.tbd "$WORK/sdk/usr/lib/libobjc.tbd"
 cp "$HERE/macos_stubs/libc++.tbd" "$WORK/sdk/usr/lib/"
-for framework in Foundation Metal; do
+for framework in Foundation Metal Accelerate; do
   mkdir -p "$WORK/sdk/System/Library/Frameworks/$framework.framework"
   cp "$HERE/macos_stubs/$framework.tbd" "$WORK/sdk/System/Library/Frameworks/$framework.framework/"
 done
 # Only the Objective-C frameworks from tests/apple_decls; its dlfcn.h (for the syntax check on
 # Linux) would hide macOS's own, which the SDK directory has.
 mkdir -p "$WORK/apple_decls"
-for dir in Foundation Metal dispatch; do
+for dir in Foundation Metal dispatch Accelerate; do
   [ -d "$ROOT/tests/apple_decls/$dir" ] || fail "tests/apple_decls/$dir is missing"
   ln -s "$ROOT/tests/apple_decls/$dir" "$WORK/apple_decls/$dir"
 done

@@ -665,7 +665,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     if argv[:1] == [bench_linear_head.CHILD_FLAG]:
         size = bench_linear_head.parse_child_size(argv[2])
-        print(json.dumps(bench_linear_head.child(argv[1], *size)))
+        print(json.dumps(bench_linear_head.child(argv[1], *size,
+                                                 with_errors="--no-errors" not in argv[3:])))
         return 0
     if argv[:1] == [bench_linear_head.TIMING_CHILD_FLAG]:
         size = bench_linear_head.parse_child_size(argv[1])
