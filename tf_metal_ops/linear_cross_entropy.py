@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import functools
 import numbers
-from typing import Any, Optional, Union
+from typing import Any, Optional, Tuple, Union
 
 import numpy as np
 import tensorflow as tf
@@ -414,16 +414,20 @@ def _native_loss(h2: tf.Tensor, w: tf.Tensor, b: Optional[tf.Tensor], inputs: Lo
         db = tf.cast(tf.ensure_shape(db, b_own.shape), b_dtype)
 
         def backward(upstream):
-            u = tf.cast(upstream, tf.float32)
-
-            def scaled(g):
-                return tf.cond(tf.equal(u, 1.0), lambda: g, lambda: g * tf.cast(u, g.dtype))
-
-            return scaled(dh), scaled(dw), scaled(db)
+            return _scaled_gradients(upstream, dh, dw, db)
 
         return total, backward
 
     return fused(h2, w, b)
+
+
+def _scaled_gradients(upstream: tf.Tensor, *gradients: tf.Tensor) -> Tuple[tf.Tensor, ...]:
+    """The gradients a reduced forward computed, times the upstream scalar (skipped when it is 1,
+    as under Keras's fit without loss scaling)."""
+    u = tf.cast(upstream, tf.float32)
+    return tuple(
+        tf.cond(tf.equal(u, 1.0), lambda g=g: g, lambda g=g: g * tf.cast(u, g.dtype))
+        for g in gradients)
 
 
 def _static(chunk_size: Union[int, tf.Tensor]) -> Optional[int]:
@@ -597,12 +601,7 @@ def _reduced(h2, w_in, b_in, problem: _ChunkLoss, labels, scales, chunk_size, to
         db = tf.cast(db, b_own.dtype)
 
         def backward(upstream):
-            u = tf.cast(upstream, tf.float32)
-
-            def scaled(g):
-                return tf.cond(tf.equal(u, 1.0), lambda: g, lambda: g * tf.cast(u, g.dtype))
-
-            return scaled(dh), scaled(dw), scaled(db)
+            return _scaled_gradients(upstream, dh, dw, db)
 
         return total, backward
 
