@@ -30,7 +30,8 @@
 // gradient is written over them: each thread reads only its own classes in every pass, writing
 // each after reading it, except the label's logit z_y, which every thread of a sparse row needs;
 // share_label_logit orders that read (rowtg: a barrier) or hands the value around (rowsimd: from
-// the lane that walks class y, by butterfly) before pass 3.
+// the lane that walks class y, by butterfly) before pass 3; a row that is not valid is filled by
+// the threads that walk it.
 //
 // Out-of-range sparse labels (not ignore_class): the row's loss / gradient is NaN and the first
 // lane of the row reports it in the error record (custom_loss_params.h) with atomics; the host
@@ -485,13 +486,15 @@ struct ThreadgroupReduce {
     x_total = simd_sum(lane < sg_count ? scratch[3u * sg_count + lane] : 0.0f);
     y_total = simd_sum(lane < sg_count ? scratch[4u * sg_count + lane] : 0.0f);
   }
-
-  // z_y of a sparse row (LabelLogit), read by every thread of the row; with `writes_follow`
-  // (pass 3 writes the row's gradient, which may be bound over the logits:
+  // The label's logit z_y of a sparse row (LabelLogit): every thread of the row reads it. With
+  // `writes_follow` (pass 3 writes the row's gradient, which may be bound over the logits:
   // csrc/metal/custom_loss_metal.mm) the barrier puts every thread's read before the write of
-  // y's own thread, which the reductions' threadgroup-memory barriers do not order.
-  bool reads_label_logit(bool walks_label, bool writes_follow) const { return true; }
-  float share_label_logit(float z, bool walks_label, bool writes_follow) const {
+  // the thread that walks class y, which the reductions' threadgroup-memory barriers do not
+  // order.
+  template <typename Y>
+  void restrict_label_read(thread Y& y, ulong base, uint first, uint threads, uint num_classes,
+                           bool writes_follow) const {}
+  float share_label_logit(float z, bool read_here, bool writes_follow) const {
     if (writes_follow) threadgroup_barrier(mem_flags::mem_device);
     return z;
   }
@@ -499,6 +502,32 @@ struct ThreadgroupReduce {
 
 struct LaneGroupReduce {
   uint lanes;
+  // The label's logit z_y of a sparse row (LabelLogit). With `writes_follow` (pass 3 may write
+  // over the logits) only the lane that walks class y (class_walker) reads it, before its own
+  // writes in program order, and the butterfly hands its bits to the others through registers:
+  // no lane reads memory another lane writes, so no barrier is needed (a simdgroup_barrier
+  // would have to be reached by the SIMD-group's other lane groups too, whose rows may have
+  // returned early).
+  template <typename Y>
+  void restrict_label_read(thread Y& y, ulong base, uint first, uint threads, uint num_classes,
+                           bool writes_follow) const {
+    if (writes_follow && y.valid) {
+      y.valid = class_walker(base, y.label, threads, num_classes) == first;
+    }
+  }
+  float share_label_logit(float z, bool read_here, bool writes_follow) const {
+    if (!writes_follow) return z;
+    float has = read_here ? 1.0f : 0.0f;
+    for (uint offset = lanes / 2; offset > 0; offset /= 2) {
+      const float other_z = simd_shuffle_xor(z, ushort(offset));
+      const float other_has = simd_shuffle_xor(has, ushort(offset));
+      if (has == 0.0f && other_has != 0.0f) {
+        z = other_z;
+        has = 1.0f;
+      }
+    }
+    return z;
+  }
   LseState lse(LseState s) const { return lse_group_reduce(s, lanes); }
   // The butterfly of lse_group_reduce with V and S_v: both sides of each step are moved to the
   // combined maximum before they are added, so the lanes stay bitwise equal.
@@ -525,29 +554,6 @@ struct LaneGroupReduce {
   void sum2(float x, float y, thread float& x_total, thread float& y_total) const {
     x_total = group_sum(x, lanes);
     y_total = group_sum(y, lanes);
-  }
-
-  // z_y of a sparse row (LabelLogit). With `writes_follow` (pass 3 may write over the logits)
-  // only the lane that walks class y (`walks_label`: class_walker) reads it, before its own
-  // writes in program order, and the butterfly hands
-  // its bits to the others through registers: no lane reads memory another lane writes, so no
-  // barrier is needed (a simdgroup_barrier would have to be reached by the SIMD-group's other
-  // lane groups too, whose rows may have returned early).
-  bool reads_label_logit(bool walks_label, bool writes_follow) const {
-    return !writes_follow || walks_label;
-  }
-  float share_label_logit(float z, bool walks_label, bool writes_follow) const {
-    if (!writes_follow) return z;
-    float has = walks_label ? 1.0f : 0.0f;
-    for (uint offset = lanes / 2; offset > 0; offset /= 2) {
-      const float other_z = simd_shuffle_xor(z, ushort(offset));
-      const float other_has = simd_shuffle_xor(has, ushort(offset));
-      if (has == 0.0f && other_has != 0.0f) {
-        z = other_z;
-        has = 1.0f;
-      }
-    }
-    return z;
   }
 };
 
@@ -843,9 +849,7 @@ template <typename T>
 struct FillPass {
   device T* row;
   T value;
-
   void one(uint c) { row[c] = value; }
-
   void chunk_block(uint c, uint chunk_stride, uint chunks) {
     for (uint j = 0u; j < chunks; ++j) {
       for (uint i = 0u; i < TFMO_VEC; ++i) row[c + j * chunk_stride + i] = value;
@@ -928,13 +932,10 @@ inline void process_row(const device T* logits, const device LabelT* labels,
   float walked_weight = 0.0f;   // V: sum_c a_c (sparse) or sum_c w_c (dense)
   float walked_shifted = 0.0f;  // S_v: sum_c v_c (z_c - max)
   LabelLogit label_logit;
-  // Whether this thread walks the label's class (valid rows only: the label is in [0, C)).
-  const bool walks_label = !kDense && status == TFMO_ROW_VALID &&
-                           class_walker(base, uint(label), stride, num_classes) == first;
-  label_logit.valid = !kDense && status == TFMO_ROW_VALID &&
-                      reduce.reads_label_logit(walks_label, want_gradient);
+  label_logit.valid = !kDense && status == TFMO_ROW_VALID;
   label_logit.label = uint(label);
   label_logit.value = 0.0f;
+  reduce.restrict_label_read(label_logit, base, first, stride, num_classes, want_gradient);
   if (kGradient && with_stats) {
     ls = read_row_stats(stats_in, row);
     read_label_logit(label_logit, logits + base);
@@ -1003,7 +1004,7 @@ inline void process_row(const device T* logits, const device LabelT* labels,
   if (single) {
     const uint y = uint(label);
     const float w = class_weight<LabelT, kDense>(labels, base, label, y, class_weights, params);
-    lp_label = log_prob(ls, reduce.share_label_logit(label_logit.value, walks_label,
+    lp_label = log_prob(ls, reduce.share_label_logit(label_logit.value, label_logit.valid,
                                                      want_gradient));
     if (want_loss) loss_total = loss_term(lp_label, w, gamma);
     if (want_gradient) big_g = gradient_term(lp_label, w, gamma);
@@ -1016,7 +1017,7 @@ inline void process_row(const device T* logits, const device LabelT* labels,
       const float label_weight = params.smooth_on * a_y;
       total_weight = sparse_total_weight(label_weight, params.smooth_off, walked_weight);
       const float z_y =
-          reduce.share_label_logit(label_logit.value, walks_label, want_gradient);
+          reduce.share_label_logit(label_logit.value, label_logit.valid, want_gradient);
       lp_label = log_prob(ls, z_y);
       if (want_loss) {
         shifted = params.smooth_off * walked_shifted + shifted_term(z_y, ls.max, label_weight);
