@@ -261,18 +261,26 @@ Error AllocateRowStats(TF_OpKernelContext* ctx, const CustomLossProblem& problem
   return FromStatus(status.get(), OpDescription(problem.attrs) + ": allocating row_stats");
 }
 
-Error AllocateScaledGradient(TF_OpKernelContext* ctx, const CustomLossProblem& problem,
-                             TensorPtr* out) {
-  const std::vector<int64_t>& dims = problem.logits_dims;
-  int64_t elements = 1;
-  for (int64_t d : dims) elements *= d;
+Error ForwardLogitsOrAllocate(TF_OpKernelContext* ctx, const CustomLossProblem& problem,
+                              int index, CustomLossInputs* inputs, TensorPtr* out,
+                              bool* in_place) {
+  // Our own handle on the logits counts as a second owner and would forbid the forwarding.
+  inputs->logits.reset();
+  const int candidates[] = {kLogits};
+  int forwarded = -1;
   StatusPtr status = NewStatus();
-  out->reset(TF_AllocateOutput(ctx, kScaledGradientOutput, problem.attrs.logits_dtype, dims.data(),
-                               static_cast<int>(dims.size()),
-                               static_cast<size_t>(elements) *
-                                   TF_DataTypeSize(problem.attrs.logits_dtype),
-                               status.get()));
-  return FromStatus(status.get(), OpDescription(problem.attrs) + ": allocating scaled_gradient");
+  out->reset(TF_ForwardInputOrAllocateOutput(
+      ctx, candidates, 1, index, problem.logits_dims.data(),
+      static_cast<int>(problem.logits_dims.size()), &forwarded, status.get()));
+  if (in_place != nullptr) *in_place = forwarded == kLogits;
+  if (Error e = FromStatus(status.get(), OpDescription(problem.attrs) +
+                                             (index == kScaledGradientOutput
+                                                  ? ": allocating scaled_gradient"
+                                                  : ": allocating the gradient"));
+      !e.ok()) {
+    return e;
+  }
+  return GetInput(ctx, kLogits, &inputs->logits);
 }
 
 Error AllocateNoScaledGradient(TF_OpKernelContext* ctx, const CustomLossProblem& problem) {

@@ -141,11 +141,17 @@ Error AllocateOutput(TF_OpKernelContext* ctx, const CustomLossProblem& problem, 
 Error AllocateRowStats(TF_OpKernelContext* ctx, const CustomLossProblem& problem, bool filled,
                        TensorPtr* out);
 
-// Allocates the forward op's scaled gradient with the logits' shape and dtype (a new buffer, never
-// the logits': the GPU kernels read and write a row from several threads without a barrier
-// between the last read and the first write).
-Error AllocateScaledGradient(TF_OpKernelContext* ctx, const CustomLossProblem& problem,
-                             TensorPtr* out);
+// The gradient (the logits' shape and dtype) as output `index`, over the logits' own buffer
+// when TensorFlow allows it: when nothing but this op still holds them (a model's last layer in
+// training, whose logits only the loss reads), the step allocates nothing of size N x C. Every
+// backend's kernels are correct in place (the CPU rows read z_c before they write grad_c; the
+// Metal kernels read a row's logits before its gradient is written over them:
+// kernels/custom_loss.h). Otherwise TensorFlow allocates a buffer of its own. `inputs->logits`
+// is taken again afterwards (the same buffer when it was forwarded); `in_place`, when given,
+// says which happened.
+Error ForwardLogitsOrAllocate(TF_OpKernelContext* ctx, const CustomLossProblem& problem,
+                              int index, CustomLossInputs* inputs, TensorPtr* out,
+                              bool* in_place = nullptr);
 
 // Allocates the forward op's scaled gradient with shape [0]: without row_scales, and for
 // backends and dtypes that do not make one.

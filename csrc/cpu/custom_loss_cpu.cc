@@ -287,32 +287,6 @@ RowsArgs MakeRowsArgs(const CustomLossProblem& problem, const CustomLossInputs& 
   return args;
 }
 
-// The gradient (the logits' shape and dtype) as output `index`, over the logits' own buffer
-// when TensorFlow allows it: when nothing but this op still holds them (a model's last layer in
-// training, whose logits are read by the loss alone), the step allocates nothing of size N x C:
-// no memory, and no page faults on fresh memory. Every row kernel is written to be correct in
-// place (each pass reads z_c before it writes grad_c; the vectorized rows then keep e_c in a
-// scratch row). Otherwise TensorFlow's CPU allocator gives fresh memory, as for any op.
-Error AllocateGradient(TF_OpKernelContext* ctx, const CustomLossProblem& problem, int index,
-                       CustomLossInputs* inputs, TensorPtr* out, bool* in_place) {
-  const int dims = static_cast<int>(problem.logits_dims.size());
-  StatusPtr status = NewStatus();
-  // Our own handle on the logits counts as a second owner and would forbid the forwarding.
-  inputs->logits.reset();
-  const int candidates[] = {kLogits};
-  int forwarded = -1;
-  out->reset(TF_ForwardInputOrAllocateOutput(ctx, candidates, 1, index,
-                                             problem.logits_dims.data(), dims, &forwarded,
-                                             status.get()));
-  *in_place = forwarded == kLogits;
-  if (Error e = FromStatus(status.get(), OpDescription(problem.attrs) +
-                                             ": allocating the gradient");
-      !e.ok()) {
-    return e;
-  }
-  return GetInput(ctx, kLogits, &inputs->logits);
-}
-
 // Float, half and bfloat16 logits: the vectorized rows of this CPU's instruction set, which
 // write the forward's row statistics (`stats`, null for the gradient).
 void ComputeVectorized(const CustomLossProblem& problem, const CustomLossInputs& inputs,
@@ -373,7 +347,8 @@ void Compute(void* kernel, TF_OpKernelContext* ctx) {
   TensorPtr gradient;  // the forward's scaled gradient
   bool in_place = false;
   if (!forward) {
-    if (Error e = AllocateGradient(ctx, problem, kOutput, &inputs, &out, &in_place); !e.ok()) {
+    if (Error e = ForwardLogitsOrAllocate(ctx, problem, kOutput, &inputs, &out, &in_place);
+        !e.ok()) {
       return FailKernel(ctx, e);
     }
   } else {
@@ -383,8 +358,8 @@ void Compute(void* kernel, TF_OpKernelContext* ctx) {
       // (each row is read for its loss before its gradient is written over it): a model's last
       // layer, whose logits nothing else reads, then costs one N x C tensor, as with
       // TensorFlow's own fused op, which writes its backprop over the logits too.
-      if (Error e = AllocateGradient(ctx, problem, kScaledGradientOutput, &inputs, &gradient,
-                                     &in_place);
+      if (Error e = ForwardLogitsOrAllocate(ctx, problem, kScaledGradientOutput, &inputs,
+                                            &gradient, &in_place);
           !e.ok()) {
         return FailKernel(ctx, e);
       }

@@ -124,7 +124,7 @@ const char* StatusName(MTLCommandBufferStatus status) {
 // and both bindings only read, so the alias creates no hazard. The same for row_scales and a
 // gradient's row_stats when there are none (the params say so; never read), and the output
 // stands in for a scaled gradient that is not made (never written). A scaled gradient TensorFlow
-// forwarded from the logits is the logits' buffer itself (ForwardOrAllocateScaledGradient), which
+// forwarded from the logits is the logits' buffer itself (ForwardLogitsOrAllocate), which
 // the kernels write in place.
 id<MTLBuffer> BufferForRole(gpu::BufferRole role, const TensorBuffers& tensors,
                             id<MTLBuffer> error_record) {
@@ -439,31 +439,6 @@ Error BadLabelFromRecord(const CustomLossProblem& problem, const CustomLossError
   return BadLabelError(problem, claimed_row, claimed_label);
 }
 
-// The reduced forward's scaled gradient (the logits' shape and dtype) over the logits' own Metal
-// buffer where TensorFlow allows it, as the CPU kernel does: when nothing but this op still
-// holds the logits (a model's last layer in training, whose logits only the loss reads), a
-// reduced step then holds one N x C tensor on the GPU, not two. TF_TensorData of the forwarded
-// output is the logits' id<MTLBuffer>, so the encoder binds the same buffer at both indices; the
-// kernels are correct in place (kernels/custom_loss.h: a row's logits are all read before its
-// gradient is written over them). Otherwise TensorFlow allocates a buffer of its own.
-Error ForwardOrAllocateScaledGradient(TF_OpKernelContext* ctx, const CustomLossProblem& problem,
-                                      CustomLossInputs* inputs, TensorPtr* out) {
-  // Our own handle on the logits counts as a second owner and would forbid the forwarding.
-  inputs->logits.reset();
-  const int candidates[] = {kLogits};
-  int forwarded = -1;
-  StatusPtr status = NewStatus();
-  out->reset(TF_ForwardInputOrAllocateOutput(
-      ctx, candidates, 1, kScaledGradientOutput, problem.logits_dims.data(),
-      static_cast<int>(problem.logits_dims.size()), &forwarded, status.get()));
-  if (Error e = FromStatus(status.get(),
-                           OpDescription(problem.attrs) + ": allocating scaled_gradient");
-      !e.ok()) {
-    return e;
-  }
-  return GetInput(ctx, kLogits, &inputs->logits);  // the same buffer when it was forwarded
-}
-
 void ComputeOnGpu(const CustomLossAttrs& attrs, TF_OpKernelContext* ctx) {
   CustomLossInputs inputs;
   CustomLossProblem problem;
@@ -481,7 +456,8 @@ void ComputeOnGpu(const CustomLossAttrs& attrs, TF_OpKernelContext* ctx) {
       return FailKernel(ctx, e);
     }
     Error e = problem.has_row_scales
-                  ? ForwardOrAllocateScaledGradient(ctx, problem, &inputs, &scaled_gradient)
+                  ? ForwardLogitsOrAllocate(ctx, problem, kScaledGradientOutput, &inputs,
+                                            &scaled_gradient)
                   : AllocateNoScaledGradient(ctx, problem);
     if (!e.ok()) return FailKernel(ctx, e);
   }
