@@ -237,6 +237,29 @@ Error BadClassWeightError(const CustomLossProblem& problem, int64_t index, doubl
   return Error::InvalidArgument(out.str());
 }
 
+Error CheckLabelsAndClassWeights(const CustomLossProblem& problem, const TF_Tensor* labels,
+                                 const TF_Tensor* class_weights) {
+  if (problem.has_class_weights) {
+    const float* weights = static_cast<const float*>(TF_TensorData(class_weights));
+    for (int64_t c = 0; c < problem.num_classes; ++c) {
+      if (!(weights[c] >= 0.0f) || std::isinf(weights[c])) {
+        return BadClassWeightError(problem, c, weights[c]);
+      }
+    }
+  }
+  if (problem.attrs.label_kind == LabelKind::kDense) return Error::Ok();
+  const void* data = TF_TensorData(labels);
+  const bool wide = problem.attrs.label_kind == LabelKind::kSparseInt64;
+  for (int64_t row = 0; row < problem.num_rows; ++row) {
+    const int64_t label = wide ? static_cast<const int64_t*>(data)[row]
+                               : static_cast<const int32_t*>(data)[row];
+    if (label >= 0 && label < problem.num_classes) continue;
+    if (problem.attrs.has_ignore_class && label == problem.attrs.ignore_class) continue;
+    return BadLabelError(problem, row, label);
+  }
+  return Error::Ok();
+}
+
 Error AllocateOutput(TF_OpKernelContext* ctx, const CustomLossProblem& problem, TensorPtr* out) {
   const std::vector<int64_t>& dims =
       problem.attrs.direction == Direction::kForward ? problem.row_dims : problem.logits_dims;

@@ -133,6 +133,12 @@ Error BadLabelError(const CustomLossProblem& problem, int64_t row, int64_t label
 // Same for a negative or NaN class weight found at run time.
 Error BadClassWeightError(const CustomLossProblem& problem, int64_t index, double value);
 
+// Checks every label and class weight a CPU kernel can see, before any arithmetic: a bad one is
+// an error for the whole batch, and the first (lowest index) is reported. `class_weights` is
+// read only when the problem has them.
+Error CheckLabelsAndClassWeights(const CustomLossProblem& problem, const TF_Tensor* labels,
+                                 const TF_Tensor* class_weights);
+
 // Allocates output 0 with the op's output shape (per-row loss, or d logits).
 Error AllocateOutput(TF_OpKernelContext* ctx, const CustomLossProblem& problem, TensorPtr* out);
 

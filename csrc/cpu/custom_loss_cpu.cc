@@ -161,29 +161,6 @@ int64_t ReadLabel(const void* labels, int64_t row) {
   return static_cast<int64_t>(static_cast<const Label*>(labels)[row]);
 }
 
-// Checks every value the CPU can see before any arithmetic: a bad label or class weight is an
-// error for the whole batch, and the first one (lowest index) is reported.
-Error CheckValues(const CustomLossProblem& problem, const CustomLossInputs& inputs) {
-  if (problem.has_class_weights) {
-    const float* weights = static_cast<const float*>(TF_TensorData(inputs.class_weights.get()));
-    for (int64_t c = 0; c < problem.num_classes; ++c) {
-      if (!(weights[c] >= 0.0f) || std::isinf(weights[c])) {
-        return BadClassWeightError(problem, c, weights[c]);
-      }
-    }
-  }
-  if (problem.attrs.label_kind == LabelKind::kDense) return Error::Ok();
-  const void* labels = TF_TensorData(inputs.labels.get());
-  const bool wide = problem.attrs.label_kind == LabelKind::kSparseInt64;
-  for (int64_t row = 0; row < problem.num_rows; ++row) {
-    const int64_t label = wide ? ReadLabel<int64_t>(labels, row) : ReadLabel<int32_t>(labels, row);
-    if (label >= 0 && label < problem.num_classes) continue;
-    if (problem.attrs.has_ignore_class && label == problem.attrs.ignore_class) continue;
-    return BadLabelError(problem, row, label);
-  }
-  return Error::Ok();
-}
-
 // sum_c a_c. Without class weights it is C, not a loop over C: C is not bounded by any
 // allocation then (an empty batch may declare 2^62 classes).
 double SumClassWeights(const CustomLossProblem& problem, const float* class_weights) {
@@ -323,7 +300,11 @@ void Compute(void* kernel, TF_OpKernelContext* ctx) {
   if (Error e = DescribeProblem(ctx, attrs, &inputs, &problem); !e.ok()) {
     return FailKernel(ctx, e);
   }
-  if (Error e = CheckValues(problem, inputs); !e.ok()) return FailKernel(ctx, e);
+  if (Error e = CheckLabelsAndClassWeights(problem, inputs.labels.get(),
+                                            inputs.class_weights.get());
+      !e.ok()) {
+    return FailKernel(ctx, e);
+  }
   const bool forward = problem.attrs.direction == Direction::kForward;
   // The vectorized kernels write the forward's row statistics, and a reduced loss's scaled
   // gradient when given row scales; the float64 one does neither.

@@ -178,31 +178,6 @@ Error Describe(TF_OpKernelContext* ctx, const CustomLossAttrs& attrs, Inputs* in
   return Error::Ok();
 }
 
-// Every label and class weight, before any arithmetic; the first bad one is reported with its
-// index among all rows.
-Error CheckValues(const Shapes& s, const Inputs& in) {
-  const CustomLossProblem& p = s.problem;
-  if (p.has_class_weights) {
-    const float* weights = static_cast<const float*>(TF_TensorData(in.class_weights.get()));
-    for (int64_t c = 0; c < p.num_classes; ++c) {
-      if (!(weights[c] >= 0.0f) || std::isinf(weights[c])) {
-        return BadClassWeightError(p, c, weights[c]);
-      }
-    }
-  }
-  if (p.attrs.label_kind == LabelKind::kDense) return Error::Ok();
-  const void* labels = TF_TensorData(in.labels.get());
-  const bool wide = p.attrs.label_kind == LabelKind::kSparseInt64;
-  for (int64_t row = 0; row < p.num_rows; ++row) {
-    const int64_t label = wide ? static_cast<const int64_t*>(labels)[row]
-                               : static_cast<const int32_t*>(labels)[row];
-    if (label >= 0 && label < p.num_classes) continue;
-    if (p.attrs.has_ignore_class && label == p.attrs.ignore_class) continue;
-    return BadLabelError(p, row, label);
-  }
-  return Error::Ok();
-}
-
 Error Allocate(TF_OpKernelContext* ctx, const CustomLossAttrs& attrs, int index,
                TF_DataType type, std::vector<int64_t> dims, TensorPtr* out) {
   int64_t elements = 1;
@@ -344,7 +319,10 @@ void Compute(void* raw, TF_OpKernelContext* ctx) {
                                            "TensorFlow ops there"));
   }
   if (Error e = Describe(ctx, attrs, &in, &s); !e.ok()) return FailKernel(ctx, e);
-  if (Error e = CheckValues(s, in); !e.ok()) return FailKernel(ctx, e);
+  if (Error e = CheckLabelsAndClassWeights(s.problem, in.labels.get(), in.class_weights.get());
+      !e.ok()) {
+    return FailKernel(ctx, e);
+  }
   const int64_t n = s.rows, d = s.width, v = s.classes;
   const bool gradients = !forward || s.reduced;
   const TF_DataType hidden_type = attrs.logits_dtype;
