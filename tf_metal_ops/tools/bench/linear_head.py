@@ -9,20 +9,21 @@ language model's head: the mean loss and its gradients with respect to h, W and 
     dense_custom    h @ W + b (what Dense(V) computes), then tf_metal_ops.CustomLoss()
     dense_keras     h @ W + b, then keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
-Per case, in its own child process (MEMORY_REPEATS of them, the cases in turn, the median
-taken), the peak extra memory of a warm-up and the timed steps
-(VmHWM after clear_refs minus VmRSS after tracing, before any step ran: unlike `lm_head_memory`,
-which starts after a warm-up step, this counts what allocators keep between steps). And, on the
-first ERROR_ROWS rows, the error of fused's and dense_custom's loss and of their three
-gradients against the same step in float64 (`custom_loss` on float64 logits, whose kernel is
-exact to ~1e-15), in the vocabulary-scale measure: max over rows of max |got - exact| /
-(1 + max |exact| of the row); fused runs there with chunks of ERROR_CHUNK rows, so the error
-crosses chunks.
-
-The times come from one more child per vocabulary size that runs the cases' steps in
-turn, round after round (the order rotated each round), and takes each case's median: this
-machine's speed drifts by tens of percent within minutes, which cases timed in processes one
-after the other would read as a difference between them.
+Per case, in its own child process (MEMORY_REPEATS of them, the cases in turn and the order
+rotated each time, the medians taken), a warm-up step and `steps` timed steps:
+- the peak extra memory of all of them (VmHWM after clear_refs minus VmRSS after tracing,
+  before any step ran: unlike `lm_head_memory`, which starts after a warm-up step, this counts
+  what allocators keep between steps);
+- the seconds of each timed step. This machine's speed drifts by tens of percent within
+  minutes; the cases' children alternate, so a drift falls on every case alike instead of
+  reading as a difference between them;
+- and, in the first child of fused and dense_custom, on the first ERROR_ROWS rows, the error of
+  the loss and of the three gradients against the same step in float64 (`custom_loss` on
+  float64 logits, whose kernel is exact to ~1e-15), in the vocabulary-scale measure: max over
+  rows of max |got - exact| / (1 + max |exact| of the row); fused runs there with chunks of
+  ERROR_CHUNK rows, so the error crosses chunks.
+Memory and time come from the same steps, so the section runs each step only once per child
+after its warm-up.
 
 The targets the section reports for fused: its peak extra memory at most 1/8 of both
 compositions', its time at most TIME_TARGET of dense_custom's and below dense_keras's. The section also reports what decides the compositions' speed and the fused op's: whether
@@ -45,15 +46,13 @@ CASES = (
 )
 DEFAULT_ROWS, DEFAULT_HIDDEN, DEFAULT_CLASSES = 8192, 512, (32000, 128256)
 QUICK_ROWS, QUICK_HIDDEN, QUICK_CLASSES = 64, 16, (300,)
-DEFAULT_STEPS, QUICK_STEPS = 1, 1  # steps of a memory child after its warm-up
-DEFAULT_ROUNDS, QUICK_ROUNDS = 3, 2  # rounds of the timing child
-MEMORY_REPEATS = 3  # memory children per case; the median is reported
+DEFAULT_STEPS, QUICK_STEPS = 1, 1  # timed steps of a child after its warm-up
+MEMORY_REPEATS = 3  # children per case; the medians are reported
 ERROR_ROWS, ERROR_CHUNK = 256, 100
 FUSED_CASES = ("fused",)
 MEMORY_TARGET = 1 / 8  # fused's extra memory over each composition's
 TIME_TARGET = 0.95  # fused's time over dense_custom's
 CHILD_FLAG = "--_linear-head-child"
-TIMING_CHILD_FLAG = "--_linear-head-timing-child"
 
 
 def _inputs(rows: int, hidden: int, classes: int):
@@ -141,8 +140,9 @@ def _run_step(step, args) -> float:
 
 def child(case: str, rows: int, hidden: int, classes: int, steps: int,
           with_errors: bool = True) -> Dict[str, Any]:
-    """Runs in a fresh process: a warm-up and `steps` steps, their peak extra memory, and
-    (but for dense_keras, and unless not `with_errors`) the errors against float64."""
+    """Runs in a fresh process: a warm-up and `steps` timed steps, their peak extra memory and
+    the timed steps' milliseconds, what the times depend on, and (but for dense_keras, and
+    unless not `with_errors`) the errors against float64."""
 
     arrays = _inputs(rows, hidden, classes)
     args = _arguments(*arrays)
@@ -155,10 +155,11 @@ def child(case: str, rows: int, hidden: int, classes: int, steps: int,
     if not reset_peak_rss():
         raise RuntimeError("the linear-head memory figure needs Linux's /proc/self/clear_refs")
     before = status_kib("VmRSS")
-    for _ in range(steps + 1):
-        _run_step(step, args)
+    _run_step(step, args)  # the warm-up: its first allocations are in the peak, not the times
+    times_ms = [1e3 * _run_step(step, args) for _ in range(steps)]
     peak = status_kib("VmHWM")
-    result: Dict[str, Any] = {"case": case, "extra_bytes": 1024 * (peak - before)}
+    result: Dict[str, Any] = {"case": case, "extra_bytes": 1024 * (peak - before),
+                              "times_ms": times_ms, "backends": backends()}
     if case != "dense_keras" and with_errors:
         result["errors"] = errors(case, *arrays)
     return result
@@ -188,33 +189,17 @@ def backends() -> Dict[str, Any]:
             "cpu_threads": _native.runtime().get_cpu_threads()}
 
 
-def timing_child(rows: int, hidden: int, classes: int, rounds: int) -> Dict[str, Any]:
-    """Runs in a fresh process: every case's step once to warm up, then `rounds` rounds of one
-    step per case, each round starting one case later; each case's median and all its times."""
-    args = _arguments(*_inputs(rows, hidden, classes))
-    names = [name for name, _ in CASES]
-    steps = {name: _step(name) for name in names}
-    for name in names:
-        _run_step(steps[name], args)
-    times: Dict[str, List[float]] = {name: [] for name in names}
-    for round_ in range(rounds):
-        for k in range(len(names)):
-            name = names[(round_ + k) % len(names)]
-            times[name].append(1e3 * _run_step(steps[name], args))
-    return {"median_ms": {name: statistics.median(t) for name, t in times.items()},
-            "times_ms": times, "backends": backends()}
-
-
-def measure(rows: int, hidden: int, classes: Sequence[int], steps: int, rounds: int,
+def measure(rows: int, hidden: int, classes: Sequence[int], steps: int,
             progress=None) -> Dict[str, Any]:
-    """The section: every case at every vocabulary size, memory in a child process per case,
-    times in one child per size."""
+    """The section: every case at every vocabulary size, MEMORY_REPEATS child processes per
+    case, each giving its memory and its steps' times."""
 
     results: Dict[str, Any] = {
-        "rows": rows, "hidden": hidden, "steps": steps, "rounds": rounds, "dtype": "float32",
-        "method": (f"memory: VmHWM after clear_refs minus VmRSS before any step ran (a warm-up "
-                   f"and {steps} steps, each case in its own process); time: median of "
-                   f"{rounds} rounds of the cases in turn, in one process"),
+        "rows": rows, "hidden": hidden, "steps": steps, "repeats": MEMORY_REPEATS,
+        "dtype": "float32",
+        "method": (f"each case in {MEMORY_REPEATS} processes, the cases in turn: memory, VmHWM "
+                   f"after clear_refs minus VmRSS before any step ran (a warm-up and {steps} "
+                   f"timed steps), and the timed steps' time; medians over the processes"),
         "cases": {name: description for name, description in CASES},
         "sizes": [],
     }
@@ -224,6 +209,7 @@ def measure(rows: int, hidden: int, classes: Sequence[int], steps: int, rounds: 
                                 "errors": {}, "failures": {}}
         names = [case for case, _ in CASES]
         memory: Dict[str, List[int]] = {case: [] for case in names}
+        times: Dict[str, List[float]] = {case: [] for case in names}
         for repeat in range(MEMORY_REPEATS):  # the cases in turn, one case later each time
             for k in range(len(names)):
                 case = names[(repeat + k) % len(names)]
@@ -233,25 +219,20 @@ def measure(rows: int, hidden: int, classes: Sequence[int], steps: int, rounds: 
                     [CHILD_FLAG, case, f"{rows}x{hidden}x{num_classes}x{steps}"]
                     + ([] if repeat == 0 else ["--no-errors"]))
                 if progress is not None:
-                    progress.step(f"linear head V={num_classes} {case} memory {repeat + 1}")
+                    progress.step(f"linear head V={num_classes} {case} {repeat + 1}")
                 if failure:
                     size["failures"][case] = failure
                     continue
                 memory[case].append(found["extra_bytes"])
+                times[case].extend(found["times_ms"])
+                results["backends"] = found["backends"]
                 if "errors" in found:
                     size["errors"][case] = found["errors"]
-        size["extra_bytes_runs"] = {case: runs for case, runs in memory.items() if runs}
-        size["extra_bytes"] = {case: int(statistics.median(runs))
-                               for case, runs in memory.items()
-                               if runs and case not in size["failures"]}
-        found, failure = run_child([TIMING_CHILD_FLAG, f"{rows}x{hidden}x{num_classes}x{rounds}"])
-        if progress is not None:
-            progress.step(f"linear head V={num_classes} times")
-        if failure:
-            size["failures"]["timing"] = failure
-        else:
-            size["median_ms"], size["times_ms"] = found["median_ms"], found["times_ms"]
-            results["backends"] = found["backends"]
+        ok = [case for case in names if memory[case] and case not in size["failures"]]
+        size["extra_bytes_runs"] = {case: memory[case] for case in ok}
+        size["extra_bytes"] = {case: int(statistics.median(memory[case])) for case in ok}
+        size["times_ms"] = {case: times[case] for case in ok}
+        size["median_ms"] = {case: statistics.median(times[case]) for case in ok}
         size["targets"] = targets(size)
         results["sizes"].append(size)
     return results
@@ -288,15 +269,12 @@ def format_section(section: Dict[str, Any]) -> List[str]:
     for size in section["sizes"]:
         lines.append(f"  V = {size['classes']} (the logits alone are "
                      f"{size['logits_bytes'] / 2**20:.0f} MiB)")
-        if "timing" in size["failures"]:
-            lines.append(f"    times failed: {size['failures']['timing']}")
         for case, _ in CASES:
             if case in size["failures"]:
                 lines.append(f"    {case:<13} failed: {size['failures'][case]}")
                 continue
-            ms = size["median_ms"].get(case)
             text = (f"    {case:<13} {size['extra_bytes'][case] / 2**20:9.1f} MiB extra "
-                    + (f"{ms:10.1f} ms" if ms is not None else f"{'-':>10}   "))
+                    f"{size['median_ms'][case]:10.1f} ms")
             if case in size["errors"]:
                 text += "  error " + ", ".join(f"{k} {v:.2g}"
                                                 for k, v in size["errors"][case].items())
@@ -308,6 +286,6 @@ def format_section(section: Dict[str, Any]) -> List[str]:
 
 
 def parse_child_size(text: str) -> Tuple[int, int, int, int]:
-    """rows x hidden x classes x steps (or rounds), as the children are given them."""
+    """rows x hidden x classes x steps, as the children are given them."""
     rows, hidden, classes, steps = (int(part) for part in text.split("x"))
     return rows, hidden, classes, steps

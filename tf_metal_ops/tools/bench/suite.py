@@ -602,7 +602,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     total = sum(len(CASES) * (repeats + 1) for _, _, repeats in plan)
     total += len(MEMORY_CASES) + len(LM_HEAD_CASES) if do_memory else 0
     if only_linear_head or getattr(args, "linear_head", False):
-        total += (len(bench_linear_head.CASES) + 1) * len(
+        total += bench_linear_head.MEMORY_REPEATS * len(bench_linear_head.CASES) * len(
             bench_linear_head.QUICK_CLASSES if args.quick else bench_linear_head.DEFAULT_CLASSES)
     progress = _Progress(total, enabled=True)
     # Every case is a new tf.function by design; TensorFlow's "retracing" warning would be noise.
@@ -643,11 +643,9 @@ def _run_plan(args: argparse.Namespace, plan, do_memory: bool, memory_size: Tupl
         lh = bench_linear_head
         report["linear_head"] = (
             lh.measure(lh.QUICK_ROWS, lh.QUICK_HIDDEN, lh.QUICK_CLASSES,
-                       args.repeats or lh.QUICK_STEPS, args.repeats or lh.QUICK_ROUNDS,
-                       progress) if args.quick
+                       args.repeats or lh.QUICK_STEPS, progress) if args.quick
             else lh.measure(lh.DEFAULT_ROWS, lh.DEFAULT_HIDDEN, lh.DEFAULT_CLASSES,
-                            args.repeats or lh.DEFAULT_STEPS, args.repeats or lh.DEFAULT_ROUNDS,
-                            progress))
+                            args.repeats or lh.DEFAULT_STEPS, progress))
     progress.close()
     return report
 
@@ -667,10 +665,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         size = bench_linear_head.parse_child_size(argv[2])
         print(json.dumps(bench_linear_head.child(argv[1], *size,
                                                  with_errors="--no-errors" not in argv[3:])))
-        return 0
-    if argv[:1] == [bench_linear_head.TIMING_CHILD_FLAG]:
-        size = bench_linear_head.parse_child_size(argv[1])
-        print(json.dumps(bench_linear_head.timing_child(*size)))
         return 0
     parser = build_parser()
     try:
