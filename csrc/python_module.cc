@@ -409,6 +409,14 @@ void DefineModule(py::module_& m) {
   // and benchmarks.
   m.def("linear_chunk_rows", &LinearChunkRows, py::arg("requested"), py::arg("rows"),
         py::arg("width"), py::arg("classes"));
+  // The BLAS's column blocks (csrc/cpu/gemm.h) of a product `columns` wide: (width, count).
+  m.def("gemm_column_blocks", [](int64_t columns) {
+    if (columns < 0) {
+      throw std::invalid_argument("columns must be >= 0, got " + std::to_string(columns));
+    }
+    const GemmColumnBlocks blocks = GemmColumnBlocks::For(columns);
+    return py::make_tuple(blocks.width, blocks.count);
+  }, py::arg("columns"));
   m.def("get_cpu_threads", &CpuThreadLimit);
   m.def("set_cpu_threads", [](int threads) {
     if (threads < 0) {

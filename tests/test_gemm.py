@@ -57,3 +57,27 @@ def test_build_info_names_the_blas():
     info = tf_metal_ops._native.build_info()
     assert info["blas_available"] is True
     assert ("Accelerate" if sys.platform == "darwin" else "OpenBLAS") in info["blas"]
+
+
+@pytest.mark.native
+@pytest.mark.simd
+@pytest.mark.parametrize("columns", [0, 1, 15, 511, 512, 1023, 1201, 8191, 32000, 128256, 10**6])
+def test_column_blocks_cover_the_columns_once(columns):
+    """The blocks the linear op cuts its products into: every column in exactly one block,
+    whole 64-byte rows but for the last, at most kMaxGemmColumnBlocks (one on Accelerate)."""
+    width, count = RUNTIME.gemm_column_blocks(columns)
+    if columns == 0:
+        assert count == 0
+        return
+    assert count >= 1 and (count - 1) * width < columns <= count * width
+    if sys.platform == "darwin":
+        assert (width, count) == (columns, 1)
+        return
+    assert width % 16 == 0 and count <= 16
+    assert count == 1 or width >= 512  # a block is never narrower than kMinGemmColumnBlock
+    assert count == min(16, max(1, columns // 512)) or count * width - columns < width
+
+
+def test_column_blocks_refuse_a_negative_width():
+    with pytest.raises(ValueError, match="columns must be >= 0, got -1"):
+        RUNTIME.gemm_column_blocks(-1)

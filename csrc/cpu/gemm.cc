@@ -1,5 +1,6 @@
 #include "csrc/cpu/gemm.h"
 
+#include <algorithm>
 #include <atomic>
 #include <limits>
 
@@ -58,6 +59,20 @@ void SetGemmThreads(int threads) {
 #if !defined(__APPLE__)
   scipy_openblas_set_num_threads(threads);
 #endif
+}
+
+GemmColumnBlocks GemmColumnBlocks::For(int64_t columns) {
+  GemmColumnBlocks blocks;
+#if defined(__APPLE__)
+  blocks.width = columns;
+  blocks.count = columns > 0 ? 1 : 0;
+#else
+  const int64_t wanted = std::clamp<int64_t>(columns / kMinGemmColumnBlock, 1,
+                                             kMaxGemmColumnBlocks);
+  blocks.width = ((columns + wanted - 1) / wanted + 15) / 16 * 16;
+  blocks.count = blocks.width > 0 ? (columns + blocks.width - 1) / blocks.width : 0;
+#endif
+  return blocks;
 }
 
 const char* GemmLibrary() {

@@ -35,6 +35,27 @@ bool GemmFits(int64_t m, int64_t n, int64_t k);
 // no-op there.
 void SetGemmThreads(int threads);
 
+// A wide product's columns cut into blocks, each block one BLAS call on one thread, the blocks
+// claimed by our pool's threads as they come free (thread_pool.h). OpenBLAS's own threads split
+// a product evenly up front and wait for each other at every packed panel, so a core that the
+// OS gives to another process for a while stalls both (a step of the linear op took 2-5x its
+// time on a loaded machine, where TensorFlow's MatMul lost a few percent); whole blocks claimed
+// dynamically move to the free core instead. OpenBLAS: blocks of at least kMinGemmColumnBlock
+// columns, at most kMaxGemmColumnBlocks of them, widths a multiple of 16 (64-byte rows). Accelerate
+// keeps one block: the whole product on its own threads and the AMX units, which our threads
+// would only contend for.
+struct GemmColumnBlocks {
+  int64_t width = 0;  // columns per block (the last may have fewer)
+  int64_t count = 0;  // blocks; 1 means one whole product on the BLAS's own threads
+  static GemmColumnBlocks For(int64_t columns);
+  int64_t Begin(int64_t block) const { return block * width; }
+  int64_t End(int64_t block, int64_t columns) const {
+    return block + 1 == count ? columns : (block + 1) * width;
+  }
+};
+inline constexpr int64_t kMinGemmColumnBlock = 512;
+inline constexpr int64_t kMaxGemmColumnBlocks = 16;
+
 // "OpenBLAS 0.3.x (scipy-openblas32) ..." or "Accelerate": for build information and benches.
 const char* GemmLibrary();
 // The BLAS's own configuration string (OpenBLAS: version, core, thread model), or "".

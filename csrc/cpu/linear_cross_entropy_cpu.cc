@@ -6,13 +6,22 @@
 //
 //   z = h_c W + b                     (sgemm onto rows set to b, beta 1; see below)
 //   rows: loss, row statistics and, for a reduced loss, g = s_i d loss_i / d z_i written over z
-//   dh_c = g W^T                      straight into rows of the [N, d] output
+//   dh_c = g W^T                      into rows of the [N, d] output
 //   dW  (+)= h_c^T g                  beta 0 on the first chunk, 1 after: in place, no d x V
 //                                     temporary
 //   db  (+)= 1^T g                    the same, as a 1 x V product
 //
 // The bias goes in first: each row of z is set to b and the product added to it (beta 1), which
 // costs one write of the chunk where a separate pass would cost a read and a write.
+//
+// Every product is cut along the vocabulary into the BLAS's column blocks (GemmColumnBlocks in
+// gemm.h: on Linux each block one single-threaded OpenBLAS call, the blocks claimed by our pool's
+// threads; on macOS one block, Accelerate's whole product). z, dW and db split into blocks of
+// columns with nothing shared. dh_c sums over the vocabulary: the blocks are gathered into
+// groups, each group one task that sums its blocks' terms into a partial of its own (chunk x
+// d) and makes their columns of dW and db while each block of g is in the cache; the partials
+// are added in a fixed order, so the result does not depend on which thread ran which group.
+// Each element of W and g is packed by the BLAS once per product, as in one whole call.
 //
 // The forward given row scales (a reduced loss, Liger-Kernel's rule; problem.h) computes the
 // three gradients while each chunk's softmax is at hand; the backward then only scales them by
@@ -38,6 +47,7 @@
 #include "csrc/cpu/gemm.h"
 #include "csrc/cpu/parallel_for.h"
 #include "csrc/cpu/simd/rows_dispatch.h"
+#include "csrc/cpu/thread_pool.h"
 #include "csrc/linear_cross_entropy.h"
 #include "csrc/pending_errors.h"
 #include "csrc/problem.h"
@@ -201,6 +211,25 @@ Error AllocateTemp(TF_OpKernelContext* ctx, const CustomLossAttrs& attrs,
 
 float* FloatData(const TensorPtr& t) { return static_cast<float*>(TF_TensorData(t.get())); }
 
+// How many groups of column blocks a chunk's gradient products run as, each group one task with
+// its own partial sum of dh_c (see the file's comment): one per block while the partials (chunk
+// x d each) stay within half the chunk's logits (chunk x V), and at least two, so that two
+// threads share the work.
+int64_t DHiddenGroups(const GemmColumnBlocks& blocks, int64_t width, int64_t classes) {
+  if (blocks.count <= 1) return 1;
+  const int64_t affordable = classes / (2 * std::max<int64_t>(width, 1));
+  return std::min(blocks.count, std::max<int64_t>(2, affordable));
+}
+
+// Calls body(block) for every column block, on our pool's threads.
+template <typename Body>
+void ForEachBlock(int64_t count, const Body& body) {
+  RunOnPool(
+      CpuThreadLimit(), count,
+      [](void* context, int64_t block) { (*static_cast<const Body*>(context))(block); },
+      const_cast<void*>(static_cast<const void*>(&body)));
+}
+
 // The state of one execution's chunk loop.
 struct Loop {
   const CustomLossAttrs* attrs;
@@ -211,6 +240,9 @@ struct Loop {
   float* z;           // chunk x V logits, then their gradient
   float* h_float;     // chunk x d: the chunk's hidden states in float32 (16-bit hidden only)
   float* dh_float;    // chunk x d: its d hidden before rounding (16-bit hidden only)
+  float* dh_partials; // dh_groups x chunk x d (dh_groups > 1 only)
+  GemmColumnBlocks blocks;
+  int64_t dh_groups;
   std::vector<float> ones;  // chunk ones, for db = 1^T g
   RowsKernel rows_kernel;
 
@@ -238,11 +270,15 @@ struct Loop {
   void Logits(const float* hc, int64_t m) const {
     const int64_t v = s->classes;
     const float* bias = FloatData(in->bias);
-    ParallelFor(m, v, [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) std::memcpy(z + r * v, bias, sizeof(float) * v);
+    const float* w = FloatData(in->kernel);
+    ForEachBlock(blocks.count, [&](int64_t block) {
+      const int64_t c0 = blocks.Begin(block), c1 = blocks.End(block, v);
+      for (int64_t r = 0; r < m; ++r) {
+        std::memcpy(z + r * v + c0, bias + c0, sizeof(float) * (c1 - c0));
+      }
+      Sgemm(Transpose::kNo, Transpose::kNo, m, c1 - c0, s->width, 1.0f, hc, s->width, w + c0,
+            v, 1.0f, z + c0, v);
     });
-    Sgemm(Transpose::kNo, Transpose::kNo, m, v, s->width, 1.0f, hc, s->width,
-          FloatData(in->kernel), v, 1.0f, z, v);
   }
 
   RowsArgs Rows(int64_t begin) const {
@@ -285,7 +321,36 @@ struct Loop {
     float* dh_rows = hidden_type == TF_FLOAT
                          ? static_cast<float*>(TF_TensorData(dh)) + begin * d
                          : dh_float;
-    Sgemm(Transpose::kNo, Transpose::kYes, m, d, v, 1.0f, z, v, w, v, 0.0f, dh_rows, d);
+    // Group k takes the blocks [k count / groups, (k + 1) count / groups): for each, its term
+    // of dh_c = g W^T (summed into the group's partial), and its columns of dW and db, while
+    // the block of g is in the cache.
+    const float beta = first ? 0.0f : 1.0f;
+    ForEachBlock(dh_groups, [&](int64_t group) {
+      float* dh_out = dh_groups == 1 ? dh_rows : dh_partials + group * m * d;
+      const int64_t first_block = blocks.count * group / dh_groups;
+      for (int64_t block = first_block; block < blocks.count * (group + 1) / dh_groups;
+           ++block) {
+        const int64_t c0 = blocks.Begin(block), c1 = blocks.End(block, v);
+        Sgemm(Transpose::kNo, Transpose::kYes, m, d, c1 - c0, 1.0f, z + c0, v, w + c0, v,
+              block == first_block ? 0.0f : 1.0f, dh_out, d);
+        Sgemm(Transpose::kYes, Transpose::kNo, d, c1 - c0, m, 1.0f, hc, d, z + c0, v, beta,
+              dw + c0, v);
+        Sgemm(Transpose::kNo, Transpose::kNo, 1, c1 - c0, m, 1.0f, ones.data(), m, z + c0, v,
+              beta, db + c0, v);
+      }
+    });
+    if (dh_groups > 1) {
+      ParallelFor(m, d * dh_groups, [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) {
+          float* out = dh_rows + r * d;
+          std::memcpy(out, dh_partials + r * d, sizeof(float) * d);
+          for (int64_t k = 1; k < dh_groups; ++k) {
+            const float* part = dh_partials + (k * m + r) * d;
+            for (int64_t j = 0; j < d; ++j) out[j] += part[j];
+          }
+        }
+      });
+    }
     if (hidden_type != TF_FLOAT) {
       ParallelFor(m, d, [&](int64_t r0, int64_t r1) {
         for (int64_t r = r0; r < r1; ++r) {
@@ -300,9 +365,6 @@ struct Loop {
         }
       });
     }
-    const float beta = first ? 0.0f : 1.0f;
-    Sgemm(Transpose::kYes, Transpose::kNo, d, v, m, 1.0f, hc, d, z, v, beta, dw, v);
-    Sgemm(Transpose::kNo, Transpose::kNo, 1, v, m, 1.0f, ones.data(), m, z, v, beta, db, v);
   }
 };
 
@@ -363,8 +425,15 @@ void Compute(void* raw, TF_OpKernelContext* ctx) {
   }
 
   const int64_t chunk = LinearChunkRows(kernel.chunk_rows, n, d, v);
-  TensorPtr z, h_float, dh_float;
+  const GemmColumnBlocks blocks = GemmColumnBlocks::For(v);
+  const int64_t dh_groups = gradients ? DHiddenGroups(blocks, d, v) : 1;
+  TensorPtr z, h_float, dh_float, dh_partials;
   if (Error e = AllocateTemp(ctx, attrs, {chunk, v}, &z); !e.ok()) return FailKernel(ctx, e);
+  if (dh_groups > 1) {
+    if (Error e = AllocateTemp(ctx, attrs, {dh_groups, chunk, d}, &dh_partials); !e.ok()) {
+      return FailKernel(ctx, e);
+    }
+  }
   if (hidden_type != TF_FLOAT) {
     if (Error e = AllocateTemp(ctx, attrs, {chunk, d}, &h_float); !e.ok()) {
       return FailKernel(ctx, e);
@@ -375,9 +444,11 @@ void Compute(void* raw, TF_OpKernelContext* ctx) {
       }
     }
   }
-  SetGemmThreads(CpuThreadLimit());
+  // Blocks run a single-threaded BLAS each on our pool; one whole block, the BLAS's own threads.
+  SetGemmThreads(blocks.count > 1 ? 1 : CpuThreadLimit());
   Loop loop{&attrs, &s, &in, hidden_type, chunk, FloatData(z),
             h_float ? FloatData(h_float) : nullptr, dh_float ? FloatData(dh_float) : nullptr,
+            dh_partials ? FloatData(dh_partials) : nullptr, blocks, dh_groups,
             std::vector<float>(static_cast<size_t>(chunk), 1.0f), SelectRowsKernel()};
   for (int64_t begin = 0; begin < n; begin += chunk) {
     const int64_t m = std::min(chunk, n - begin);
