@@ -301,6 +301,67 @@ inline void walk_row(thread Visitor& visitor, ulong base, uint first, uint threa
   for (uint c = split.tail + first; c < num_classes; c += threads) visitor.one(c);
 }
 
+// The chunks of the block at class c of [begin, end) (for_each_chunk_block_ahead):
+// TFMO_BLOCK_CHUNKS but in the last, partial block (the only one that divides); 0 past the end.
+inline uint chunks_from(uint c, uint end, uint stride) {
+  if (c >= end) return 0u;
+  const uint left = end - c;
+  if (left > (TFMO_BLOCK_CHUNKS - 1u) * stride) return TFMO_BLOCK_CHUNKS;
+  return (left - 1u) / stride + 1u;
+}
+
+// The chunks of classes [begin, end) as for_each_chunk_block, for a visitor that reads a block
+// with visitor.load(b, c, stride, chunks) (padding the chunks past `chunks`) and computes with
+// visitor.use(b, c, stride, chunks): the next block's loads are issued before the current block
+// is used, so a thread's loads stay in flight while it computes, where for_each_chunk_block
+// waits for each block's own. At C = 1000 (two blocks a thread) a walk then waits for memory
+// once instead of twice. The blocks are used in the same order with the same values, so every
+// sum is bitwise what for_each_chunk_block gives. A thread reads and writes only its own
+// classes, so reading the next block before writing the current one reads no logit that a write
+// replaces.
+template <typename Visitor>
+inline void for_each_chunk_block_ahead(thread Visitor& visitor, uint begin, uint end, uint first,
+                                       uint threads) {
+  const uint stride = threads * TFMO_VEC;
+  const uint step = TFMO_BLOCK_CHUNKS * stride;
+  // end < 2^31 and step <= 2^13: no class index below wraps.
+  uint c = begin + first * TFMO_VEC;
+  uint chunks = chunks_from(c, end, stride);
+  if (chunks == 0u) return;
+  LogitBlock current;
+  visitor.load(current, c, stride, chunks);
+  for (;;) {
+    const uint next_chunks = chunks_from(c + step, end, stride);
+    LogitBlock ahead;
+    if (next_chunks != 0u) visitor.load(ahead, c + step, stride, next_chunks);
+    visitor.use(current, c, stride, chunks);
+    if (next_chunks == 0u) return;
+    current = ahead;
+    c += step;
+    chunks = next_chunks;
+  }
+}
+
+// walk_row, with the chunks read a block ahead (for_each_chunk_block_ahead) when kAhead: in the
+// forward's row-per-threadgroup kernels over 32-bit logits. The others read a block at a time:
+// a lane of a lane group walks about one block of its row, so reading ahead gains it nothing;
+// the gradient kernels' passes hold more at once and would spill at 64 registers; and a block
+// of 16-bit logits is converted to float as it is read, so read ahead, those conversions wait
+// for the loads before the current block's work (on the H200, through tests/msl_cuda, the
+// bfloat16 reduced step at 8192 x 128256 took 7% longer so).
+template <bool kAhead, typename Visitor>
+inline void walk_row_as(thread Visitor& visitor, ulong base, uint first, uint threads,
+                        uint num_classes) {
+  const RowSplit split = split_row(base, num_classes);
+  for (uint c = first; c < split.head; c += threads) visitor.one(c);
+  if (kAhead) {
+    for_each_chunk_block_ahead(visitor, split.head, split.tail, first, threads);
+  } else {
+    for_each_chunk_block(visitor, split.head, split.tail, first, threads);
+  }
+  for (uint c = split.tail + first; c < num_classes; c += threads) visitor.one(c);
+}
+
 // The thread (`first` of walk_row) that visits class c: the one that writes c's gradient.
 inline uint class_walker(ulong base, uint c, uint threads, uint num_classes) {
   const RowSplit split = split_row(base, num_classes);
@@ -411,6 +472,7 @@ inline void record_bad_label(device atomic_uint* record, uint row, long label) {
 // Reduce: how the row's threads combine (threadgroup or lane group); see the two below.
 
 struct ThreadgroupReduce {
+  enum { kWalkAhead = 1 };  // walk_row_as
   threadgroup float* scratch;  // 5 floats per SIMD-group (see csrc/metal/launch_plan.cc)
   uint lane;
   uint sg_index;
@@ -501,6 +563,7 @@ struct ThreadgroupReduce {
 };
 
 struct LaneGroupReduce {
+  enum { kWalkAhead = 0 };  // walk_row_as
   uint lanes;
   // The label's logit z_y of a sparse row (LabelLogit). With `writes_follow` (pass 3 may write
   // over the logits) only the lane that walks class y (class_walker) reads it, before its own
@@ -653,9 +716,7 @@ struct LogSumExpPass {
     add(b, w);
   }
 
-  void chunk_block(uint c, uint chunk_stride, uint chunks) {
-    LogitBlock b;
-    WeightBlock w;
+  void load(thread LogitBlock& b, uint c, uint chunk_stride, uint chunks) const {
     for (uint j = 0u; j < TFMO_BLOCK_CHUNKS; ++j) {
       if (j < chunks) {
         load_chunk(b, j * TFMO_VEC, row + (c + j * chunk_stride));
@@ -663,6 +724,16 @@ struct LogSumExpPass {
         for (uint i = 0u; i < TFMO_VEC; ++i) b.z[j * TFMO_VEC + i] = -math::infinity<float>();
       }
     }
+  }
+
+  void chunk_block(uint c, uint chunk_stride, uint chunks) {
+    LogitBlock b;
+    load(b, c, chunk_stride, chunks);
+    use(b, c, chunk_stride, chunks);
+  }
+
+  void use(const thread LogitBlock& b, uint c, uint chunk_stride, uint chunks) {
+    WeightBlock w;
     if (kSums) {
       for (uint j = 0u; j < TFMO_BLOCK_CHUNKS; ++j) {
         for (uint i = 0u; i < TFMO_VEC; ++i) {
@@ -771,10 +842,7 @@ struct SparseGradientPass {
     out[c] = T(c == label ? at_label : v);
   }
 
-  // The label's value replaces the computed one by a select against its offset in the chunk
-  // (one subtraction per chunk); a store to b.z[offset] would put the block in thread memory.
-  void chunk_block(uint c, uint chunk_stride, uint chunks) {
-    LogitBlock b;
+  void load(thread LogitBlock& b, uint c, uint chunk_stride, uint chunks) const {
     for (uint j = 0u; j < TFMO_BLOCK_CHUNKS; ++j) {
       if (j < chunks) {
         load_chunk(b, j * TFMO_VEC, row + (c + j * chunk_stride));
@@ -782,6 +850,17 @@ struct SparseGradientPass {
         for (uint i = 0u; i < TFMO_VEC; ++i) b.z[j * TFMO_VEC + i] = 0.0f;
       }
     }
+  }
+
+  void chunk_block(uint c, uint chunk_stride, uint chunks) {
+    LogitBlock b;
+    load(b, c, chunk_stride, chunks);
+    use(b, c, chunk_stride, chunks);
+  }
+
+  // The label's value replaces the computed one by a select against its offset in the chunk
+  // (one subtraction per chunk); a store to b.z[offset] would put the block in thread memory.
+  void use(LogitBlock b, uint c, uint chunk_stride, uint chunks) {
     for (uint j = 0u; j < TFMO_BLOCK_CHUNKS; ++j) {
       const uint cj = c + j * chunk_stride;
       const uint at = label - cj;  // wraps for a label below the chunk
@@ -824,7 +903,7 @@ struct GradientPass {
 };
 
 // Pass 3 of a sparse row (SparseGradientPass).
-template <typename T, bool kWeightedOff>
+template <typename T, bool kWeightedOff, bool kAhead>
 inline void walk_sparse_gradient(const device T* row, device T* out,
                                  const device float* class_weights, uint label, RowLse ls,
                                  float scaled_g, float scaled_off, float at_label, ulong base,
@@ -840,7 +919,7 @@ inline void walk_sparse_gradient(const device T* row, device T* out,
   pass.scaled_g = scaled_g;
   pass.scaled_off = scaled_off;
   pass.at_label = at_label;
-  walk_row(pass, base, first, stride, num_classes);
+  walk_row_as<kAhead>(pass, base, first, stride, num_classes);
 }
 
 // The gradient of a row that is not valid: one value, each class written by the thread that
@@ -872,7 +951,8 @@ inline void read_label_logit(thread LabelLogit& y, const device T* row) {
 }
 
 // Pass 1 with V and S_v, reduced over the row's threads.
-template <typename T, typename LabelT, bool kDense, bool kUnitWeights, typename Reduce>
+template <typename T, typename LabelT, bool kDense, bool kUnitWeights, bool kAhead,
+          typename Reduce>
 inline LseState walk_lse_sums(const device T* row, RowWeights<LabelT, kDense> weights, ulong base,
                               uint first, uint stride, uint num_classes, Reduce reduce,
                               thread LabelLogit& y, thread float& shifted_total,
@@ -884,7 +964,7 @@ inline LseState walk_lse_sums(const device T* row, RowWeights<LabelT, kDense> we
   pass.lse = lse_partial_empty();
   pass.weight = compensated_zero();
   pass.shifted = compensated_zero();
-  walk_row(pass, base, first, stride, num_classes);
+  walk_row_as<kAhead>(pass, base, first, stride, num_classes);
   read_label_logit(y, row);
   return reduce.lse_sums(lse_settle(pass.lse), compensated_value(pass.shifted),
                          compensated_value(pass.weight), shifted_total, weight_total);
@@ -912,6 +992,8 @@ inline void process_row(const device T* logits, const device LabelT* labels,
   const bool with_stats = params.has_row_stats != 0u;
   const bool want_loss = !kGradient;
   const bool want_gradient = kGradient || params.has_row_scales != 0u;
+  // Whether the passes over the logits read a block ahead (walk_row_as).
+  constexpr bool kAhead = !kGradient && Reduce::kWalkAhead != 0 && sizeof(T) == 4;
   long label;
   const uint status = row_status<LabelT, kDense>(labels, row, params, label);
   const float gamma = params.gamma;
@@ -953,19 +1035,19 @@ inline void process_row(const device T* logits, const device LabelT* labels,
     }
   } else {
     if (sums_in_walk && !kDense && params.has_class_weights == 0u) {
-      state = walk_lse_sums<T, LabelT, kDense, true>(logits + base, weights, base, first, stride,
-                                                     num_classes, reduce, label_logit,
-                                                     walked_shifted, walked_weight);
+      state = walk_lse_sums<T, LabelT, kDense, true, kAhead>(
+          logits + base, weights, base, first, stride, num_classes, reduce, label_logit,
+          walked_shifted, walked_weight);
     } else if (sums_in_walk) {
-      state = walk_lse_sums<T, LabelT, kDense, false>(logits + base, weights, base, first, stride,
-                                                      num_classes, reduce, label_logit,
-                                                      walked_shifted, walked_weight);
+      state = walk_lse_sums<T, LabelT, kDense, false, kAhead>(
+          logits + base, weights, base, first, stride, num_classes, reduce, label_logit,
+          walked_shifted, walked_weight);
     } else {
       LogSumExpPass<T, LabelT, kDense, false, false> pass;
       pass.row = logits + base;
       pass.stride = stride;
       pass.lse = lse_partial_empty();
-      walk_row(pass, base, first, stride, num_classes);
+      walk_row_as<kAhead>(pass, base, first, stride, num_classes);
       read_label_logit(label_logit, logits + base);
       state = reduce.lse(lse_settle(pass.lse));
     }
@@ -1064,13 +1146,13 @@ inline void process_row(const device T* logits, const device LabelT* labels,
     const float off = params.smooth_off;
     const float at_label = float(T(scale * class_gradient(lp_label, w_y, gamma, big_g)));
     if (off != 0.0f && params.has_class_weights != 0u) {  // uniform
-      walk_sparse_gradient<T, true>(logits + base, grad_out + base, class_weights, y, ls,
-                                    scale * big_g, scale * off, at_label, base, first, stride,
-                                    num_classes);
+      walk_sparse_gradient<T, true, kAhead>(logits + base, grad_out + base, class_weights, y,
+                                            ls, scale * big_g, scale * off, at_label, base,
+                                            first, stride, num_classes);
     } else {
-      walk_sparse_gradient<T, false>(logits + base, grad_out + base, class_weights, y, ls,
-                                     scale * big_g, scale * off, at_label, base, first, stride,
-                                     num_classes);
+      walk_sparse_gradient<T, false, kAhead>(logits + base, grad_out + base, class_weights, y,
+                                             ls, scale * big_g, scale * off, at_label, base,
+                                             first, stride, num_classes);
     }
     return;
   }
