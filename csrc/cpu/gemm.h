@@ -38,9 +38,9 @@ void SetGemmThreads(int threads);
 // A wide product's columns cut into blocks, each block one BLAS call on one thread, the blocks
 // claimed by our pool's threads as they come free (thread_pool.h). OpenBLAS's own threads split
 // a product evenly up front and wait for each other at every packed panel, so a core that the
-// OS gives to another process for a while stalls both (a step of the linear op took 2-5x its
-// time on a loaded machine, where TensorFlow's MatMul lost a few percent); whole blocks claimed
-// dynamically move to the free core instead. OpenBLAS: blocks of at least kMinGemmColumnBlock
+// OS gives to another process for a while stalls both (docs/performance.md: under load a step
+// of the linear op took up to 5x its time where the composition of TensorFlow ops took 2x);
+// whole blocks claimed dynamically move to the free core instead. OpenBLAS: blocks of at least kMinGemmColumnBlock
 // columns, at most kMaxGemmColumnBlocks of them, widths a multiple of 16 (64-byte rows). Accelerate
 // keeps one block: the whole product on its own threads and the AMX units, which our threads
 // would only contend for.
