@@ -415,7 +415,9 @@ void DefineModule(py::module_& m) {
       throw std::invalid_argument("columns must be >= 0, got " + std::to_string(columns));
     }
     const GemmColumnBlocks blocks = GemmColumnBlocks::For(columns);
-    return py::make_tuple(blocks.width, blocks.count);
+    // As Python ints: a tuple of int64_t would name long long's typeinfo, which the macOS
+    // link check's libc++ stub does not list.
+    return py::make_tuple(py::int_(blocks.width), py::int_(blocks.count));
   }, py::arg("columns"));
   m.def("get_cpu_threads", &CpuThreadLimit);
   m.def("set_cpu_threads", [](int threads) {
