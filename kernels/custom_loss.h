@@ -1,7 +1,8 @@
 // CustomLoss forward and gradient kernels, Metal Shading Language templates.
-// Instantiated (one [[host_name]] per dtype x label kind x direction x variant) in
-// custom_loss.metal; launched with the geometry of csrc/metal/launch_plan.cc; run on Linux by the
-// emulator in tests/msl_host/ (which compiles this file as C++).
+// Instantiated (one [[host_name]] per dtype x label kind x direction x variant, and for sparse
+// labels a plain cross-entropy one each: kPlain, at the entry points) in custom_loss.metal;
+// launched with the geometry of csrc/metal/launch_plan.cc; run on Linux by the emulator in
+// tests/msl_host/ (which compiles this file as C++).
 //
 // ---------------------------------------------------------------------------------------------
 // What a row computes, and why each formula is written as it is, is derived in
