@@ -166,8 +166,65 @@ def test_emulated_kernels_match_reference_on_odd_num_classes(emu, ref, num_class
                                 class_weights=weights, variant=chosen,
                                 **KIND_PARAMS[label_kind])
     assert fwd.variant == grad.variant == chosen
+    # int32's corner is plain cross-entropy: the "_plain" kernels run it.
+    plain = "_plain" if label_kind == "int32" else ""
     assert fwd.kernel_name == (f"tfmo_custom_loss_forward_{chosen}_f32_"
-                               f"{ {'int32': 'i32', 'int64': 'i64', 'dense': 'dense'}[label_kind] }")
+                               f"{ {'int32': 'i32', 'int64': 'i64', 'dense': 'dense'}[label_kind] }"
+                               f"{plain}")
+    assert grad.kernel_name == fwd.kernel_name.replace("_forward_", "_gradient_")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("label_kind", ["int32", "int64"])
+@pytest.mark.parametrize("variant, num_classes", [("rowsimd", 45), ("rowtg", 1000),
+                                                   ("rowtg", 301)])
+def test_plain_kernels_match_the_general_kernels_bitwise(emu, variant, num_classes, label_kind,
+                                                         dtype):
+    # Plain cross-entropy (gamma 0, no smoothing, no class weights) runs the "_plain" kernels;
+    # class weights of exactly 1 give the same loss through the general kernels, whose outputs
+    # the plain ones must reproduce bit for bit: every launch (forward with row_stats and the
+    # scaled gradient, gradient reading row_stats, gradient without) and every output. Rows:
+    # ignored, bad labels, a NaN, an all -inf row and a masked vocabulary besides normal ones.
+    rng = _rng("plain", variant, num_classes, label_kind, dtype)
+    n, c = 21, num_classes
+    logits = rng.normal(0.0, 3.0, (n, c))
+    logits[2, :] = -np.inf
+    logits[3, 5] = np.nan
+    logits[4, rng.choice(c, c // 2, replace=False)] = -np.inf
+    labels = rng.integers(0, c, n)
+    labels[4] = int(np.flatnonzero(np.isfinite(logits[4]))[0])
+    labels[6] = 7                      # ignore_class
+    labels[9] = c                      # out of range: NaN row, error record
+    z = mb.storage(logits, dtype)
+    y = labels.astype(np.int32 if label_kind == "int32" else np.int64)
+    scales = rng.uniform(-1.0, 1.0, n).astype(np.float32)
+    upstream = mb.storage(rng.uniform(-2.0, 2.0, n), dtype)
+    common = dict(logits=z, labels=y, dtype=dtype, label_kind=label_kind, ignore_class=7,
+                  variant=variant)
+    runs = {}
+    for name, weights in (("plain", None), ("general", np.ones(c, np.float32))):
+        fwd = emu.run(direction="forward", class_weights=weights, row_stats=True,
+                      row_scales=scales, **common)
+        grad_stats = emu.run(direction="gradient", class_weights=weights, upstream=upstream,
+                             row_stats=fwd.row_stats, **common)
+        grad = emu.run(direction="gradient", class_weights=weights, upstream=upstream, **common)
+        for run in (fwd, grad_stats, grad):
+            assert run.ok, run.error
+            assert run.kernel_name.endswith("_plain") == (name == "plain"), run.kernel_name
+        runs[name] = (fwd, grad_stats, grad)
+    for plain, general in zip(runs["plain"], runs["general"]):
+        assert plain.kernel_name == general.kernel_name + "_plain"
+        for field in ("raw_output", "row_stats", "scaled_gradient", "error_record"):
+            a, b = getattr(plain, field), getattr(general, field)
+            if a is None or b is None:
+                assert a is None and b is None, field
+                continue
+            a, b = np.asarray(a), np.asarray(b)
+            assert a.tobytes() == b.tobytes(), f"{plain.kernel_name}: {field} differs"
+    fwd = runs["plain"][0]
+    assert fwd.bad_label_count == 1
+    assert np.isnan(fwd.output[[2, 3, 9]]).all() and fwd.output[6] == 0.0
+    assert np.isfinite(np.delete(fwd.output, [2, 3, 9])).all()
 
 
 @pytest.mark.parametrize("variant", ["rowtg", "rowsimd"])

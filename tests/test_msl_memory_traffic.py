@@ -112,6 +112,8 @@ def step_bytes(emu: mb.Emulator, option: str, path: str, n: int, c: int) -> Tupl
                             **kw))
     else:
         runs.append(emu.run(direction="forward", row_stats=True, row_scales=upstream, **kw))
+    for run in runs:  # plain cross-entropy runs the "_plain" kernels, the rest the general ones
+        assert run.kernel_name.endswith("_plain") == (option == "plain"), run.kernel_name
     total = sum(_bytes(r) for r in runs)
     per_role = {r: sum(run.bytes_read[r] + run.bytes_written[r] for run in runs)
                 for r in DEVICE_ROLES}

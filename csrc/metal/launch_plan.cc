@@ -99,6 +99,15 @@ KernelVariant ChooseVariant(const LaunchDesc& desc) {
                                                   : KernelVariant::kRowPerThreadgroup;
 }
 
+// Plain cross-entropy on sparse labels: no focal term, no smoothing, no class weights. These
+// options run the "_plain" kernels (kernels/custom_loss.h, kPlain), which compile the other
+// cases' passes out and so need fewer registers; the geometry is the same. The choice depends
+// on the loss options alone, never on the device.
+bool IsPlain(const LaunchDesc& desc) {
+  return desc.label_kind != LabelKind::kDense && desc.gamma == 0.0f &&
+         desc.label_smoothing == 0.0f && !desc.has_class_weights;
+}
+
 }  // namespace
 
 const char* BufferRoleName(BufferRole role) {
@@ -127,6 +136,7 @@ std::string KernelName(const LaunchDesc& desc) {
   name += DtypeToken(desc.dtype);
   name += "_";
   name += LabelToken(desc.label_kind);
+  if (IsPlain(desc)) name += "_plain";
   return name;
 }
 

@@ -96,6 +96,8 @@ CASES: List[dict] = [
          smoothing=0.1),
     dict(name="C=1000", n=37, c=1000, logits=_normal(2.0), gamma=2.0, smoothing=0.1),
     dict(name="C=1000, plain cross-entropy", n=37, c=1000, logits=_normal(3.0)),
+    dict(name="plain cross-entropy, masked -inf, NaN/inf rows, ties", n=12, c=300,
+         logits=_masked, kinds=SPARSE),
     dict(name="C=50257", n=3, c=50257, logits=_normal(2.0), smoothing=0.1),
     dict(name="C=262144", n=2, c=262144, logits=_normal(2.0), gamma=1.0, smoothing=0.1),
     dict(name="masked -inf, NaN/inf rows, ties", n=12, c=300, logits=_masked, gamma=1.5,
@@ -154,6 +156,13 @@ def _write(directory: Path, fields: dict, arrays: dict, meta: dict, expected) ->
     (directory / "meta.json").write_text(json.dumps(meta))
     if expected is not None:
         np.save(directory / "expected.npy", expected)
+
+
+def _is_plain(kind: str, fields: dict) -> bool:
+    """Whether the launch plan runs a "_plain" kernel (csrc/metal/launch_plan.cc): sparse
+    labels, gamma 0, no label smoothing, no class weights."""
+    return (kind != "dense" and fields["gamma"] == 0.0 and fields["label_smoothing"] == 0.0
+            and not fields["has_class_weights"])
 
 
 def write_cases(root: Path) -> int:
@@ -217,7 +226,8 @@ def write_cases(root: Path) -> int:
                                       row_scales=scales if launch == "fused" else None,
                                       row_stats=stats if launch == "stats" else None)
                         meta = dict(case=case["name"], dtype=dtype, kind=kind, variant=variant,
-                                    direction=direction, launch=launch, n=n, c=c, bad={})
+                                    direction=direction, launch=launch, n=n, c=c, bad={},
+                                    plain=_is_plain(kind, fields))
                         directory = root / f"c{ci:02d}_{dtype}_{kind}_{variant}_{direction}_{launch}"
                         _write(directory, fields, arrays, meta, expected[direction])
                         if launch == "fused":
@@ -227,7 +237,7 @@ def write_cases(root: Path) -> int:
                         count += 1
     # Bad labels: NaN rows, the error record (count, lowest row, a consistent (row, label) pair),
     # the good rows still right; ignore_class = -1 is not an error.
-    for kind in SPARSE:
+    for kind, options in [(k, o) for k in SPARSE for o in ("general", "plain")]:
         rng = _rng("bad", kind)
         n, c = BAD_LABELS["n"], BAD_LABELS["c"]
         z = rng.normal(0.0, 2.0, (n, c))
@@ -241,7 +251,8 @@ def write_cases(root: Path) -> int:
         y[1] = -1                                     # ignore_class: loss 0, not an error
         good_y[1] = 0
         labels = y.astype(np.int32 if kind == "int32" else np.int64)
-        kw = dict(gamma=1.0, label_smoothing=float(np.float32(0.1)))
+        gamma, eps = (1.0, 0.1) if options == "general" else (0.0, 0.0)
+        kw = dict(gamma=gamma, label_smoothing=float(np.float32(eps)))
         z_store = mb.storage(z, "float32")
         z64 = mb.as_float64(z_store, "float32")
         upstream = np.ones(n, np.float32)
@@ -253,14 +264,16 @@ def write_cases(root: Path) -> int:
             for direction in ("forward", "gradient"):
                 fields = dict(num_rows=n, num_classes=c, dtype=0, label_kind=mb.LABEL_KINDS[kind],
                               direction=mb.DIRECTIONS[direction], variant=mb.VARIANTS[variant],
-                              gamma=1.0, label_smoothing=0.1, has_class_weights=0,
+                              gamma=gamma, label_smoothing=eps, has_class_weights=0,
                               has_ignore_class=1, ignore_class=-1, max_threads=1024,
                               simd_width=32)
                 arrays = dict(logits=z_store, labels=labels, class_weights=None,
                               upstream=upstream if direction == "gradient" else None)
-                meta = dict(case=BAD_LABELS["name"], dtype="float32", kind=kind, variant=variant,
-                            direction=direction, n=n, c=c, bad={str(k): v for k, v in bad.items()})
-                _write(root / f"bad_{kind}_{variant}_{direction}", fields, arrays, meta,
+                meta = dict(case=f"{BAD_LABELS['name']}, {options}", dtype="float32", kind=kind,
+                            variant=variant, direction=direction, n=n, c=c,
+                            bad={str(k): v for k, v in bad.items()},
+                            plain=_is_plain(kind, fields))
+                _write(root / f"bad_{kind}_{options}_{variant}_{direction}", fields, arrays, meta,
                        expected[direction])
                 count += 1
     return count
@@ -350,11 +363,15 @@ def check_cases(root: Path) -> int:
         plan = (d / "plan.txt").read_text().split() if (d / "plan.txt").exists() else []
         if len(plan) > 1:
             kernels.add(plan[1])
+            plain = json.loads((d / "meta.json").read_text()).get("plain")
+            if problem is None and plain is not None and plan[1].endswith("_plain") != plain:
+                problem = f"ran {plan[1]}, expected a {'plain' if plain else 'general'} kernel"
         if problem is not None:
             failures += 1
             print(f"FAIL {d.name}: {problem}")
+    plain = sum(k.endswith("_plain") for k in kernels)
     print(f"{len(dirs)} launches checked against the float64 reference, {failures} failed; "
-          f"{len(kernels)} distinct kernels ran")
+          f"{len(kernels)} distinct kernels ran ({plain} of them plain)")
     return 1 if failures or not dirs else 0
 
 

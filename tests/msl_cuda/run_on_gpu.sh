@@ -121,7 +121,7 @@ done
 
 note "ncu"
 # Where the time goes in the two kernels at two sizes: throughput against the chip's peaks,
-# occupancy. The module's 36 name queries come first: skipped.
+# occupancy. The module's name queries (one per kernel) come first: skipped.
 ncu_bin=$(command -v ncu || ls "$cuda_home"/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 queries=$(tail -1 "$out/kernels.txt" | cut -d' ' -f1)
 : >"$out/profile.txt"
