@@ -1,6 +1,6 @@
 // CustomLoss forward and gradient kernels, Metal Shading Language templates.
 // Instantiated (one [[host_name]] per dtype x label kind x direction x variant, and for sparse
-// labels a plain cross-entropy one each: kPlain, at the entry points) in custom_loss.metal;
+// labels a plain and a label-smoothed cross-entropy one each: KernelForm) in custom_loss.metal;
 // launched with the geometry of csrc/metal/launch_plan.cc; run on Linux by the emulator in
 // tests/msl_host/ (which compiles this file as C++).
 //
@@ -444,15 +444,25 @@ inline float class_weight(const device LabelT* labels, ulong row_base, long labe
   return class_weights[c] * q;
 }
 
-// Whether the class weights are read: never in a plain kernel. Read from the params where it is
-// used (a bool held across the whole row would cost the general kernels a register).
-template <bool kPlain>
+// What a kernel is compiled for (the suffix of its host name, chosen on the host from the loss
+// options alone by csrc/metal/launch_plan.cc, KernelName):
+// - kFormGeneral: every option.
+// - kFormPlain ("_plain"): cross-entropy on sparse labels with gamma == 0, no label smoothing and
+//   no class weights.
+// - kFormSmoothed ("_smoothed"): the same with label smoothing.
+// The two cross-entropy forms have the focal terms and the class weights compiled out, and the
+// plain one the smoothing walk's sums too (see the entry points).
+enum KernelForm : int { kFormGeneral = 0, kFormPlain = 1, kFormSmoothed = 2 };
+
+// Whether the class weights are read: never in a cross-entropy kernel. Read from the params where
+// it is used (a bool held across the whole row would cost the general kernels a register).
+template <int kForm>
 inline bool class_weighted(constant CustomLossParams& params) {
-  return !kPlain && params.has_class_weights != 0u;
+  return kForm == kFormGeneral && params.has_class_weights != 0u;
 }
 
 // class_weight at the label of a sparse row without class weights, q_y = (1 - eps) + eps / C:
-// the same sum, so a plain kernel's w_y is bitwise the general kernel's.
+// the same sum, so a cross-entropy kernel's w_y is bitwise the general kernel's.
 inline float plain_label_weight(constant CustomLossParams& params) {
   return params.smooth_on + params.smooth_off;
 }
@@ -992,7 +1002,7 @@ inline LseState walk_lse_sums(const device T* row, RowWeights<LabelT, kDense> we
 // Plain cross-entropy thus reads each logit once in the forward and once (plus one write) in a
 // gradient given row_stats; a forward given row_scales reads it twice and writes the gradient.
 // `grad_scales` holds the per-row factor of pass 3: upstream (T, gradient) or row_scales (float).
-template <typename T, typename LabelT, bool kDense, bool kPlain, bool kGradient, typename ScaleT,
+template <typename T, typename LabelT, bool kDense, int kForm, bool kGradient, typename ScaleT,
           typename Reduce>
 inline void process_row(const device T* logits, const device LabelT* labels,
                         const device float* class_weights, constant CustomLossParams& params,
@@ -1000,7 +1010,9 @@ inline void process_row(const device T* logits, const device LabelT* labels,
                         const device ScaleT* grad_scales, device float* stats_out,
                         const device float* stats_in, device T* grad_out, uint row, uint first,
                         uint stride, bool leader, Reduce reduce) {
-  static_assert(!(kPlain && kDense), "plain kernels take sparse labels only");
+  static_assert(kForm == kFormGeneral || !kDense, "cross-entropy kernels take sparse labels only");
+  constexpr bool kPlain = kForm == kFormPlain;
+  constexpr bool kCrossEntropy = kForm != kFormGeneral;
   const uint num_classes = params.num_classes;
   const ulong base = ulong(row) * ulong(num_classes);
   // Uniform over the dispatch, so every branch on them is taken by all of a row's threads.
@@ -1011,10 +1023,13 @@ inline void process_row(const device T* logits, const device LabelT* labels,
   constexpr bool kAhead = !kGradient && Reduce::kWalkAhead != 0 && sizeof(T) == 4;
   long label;
   const uint status = row_status<LabelT, kDense>(labels, row, params, label);
-  // kPlain: the host chose this kernel for gamma == 0, eps == 0 and no class weights (see the
-  // entry points), so those are constants here and the passes they select are compiled out.
-  const float gamma = kPlain ? 0.0f : params.gamma;
-  const bool single = kPlain || single_weighted_class<kDense>(params);
+  // A cross-entropy form: the host chose this kernel for gamma == 0 and no class weights, and
+  // (kPlain) eps == 0 (see KernelForm), so those are constants here and the passes they select
+  // are compiled out. A smoothed kernel handed eps == 0 still computes the right loss, through
+  // the smoothing walk.
+  const float gamma = kCrossEntropy ? 0.0f : params.gamma;
+  const bool single =
+      kPlain || (kForm == kFormGeneral && single_weighted_class<kDense>(params));
   // Cross-entropy with several weighted classes: W and S come from pass 1 (custom_loss_math.h),
   // and there is no pass 2.
   const bool sums_in_walk = !single && gamma == 0.0f;
@@ -1039,7 +1054,7 @@ inline void process_row(const device T* logits, const device LabelT* labels,
     ls = read_row_stats(stats_in, row);
     read_label_logit(label_logit, logits + base);
     if (sums_in_walk) {
-      if (!kDense && !class_weighted<kPlain>(params)) {
+      if (!kDense && !class_weighted<kForm>(params)) {
         walked_weight = float(num_classes);  // the walk's sum of ones, exact below 2^24
       } else {
         WeightSumPass<LabelT, kDense> pass;
@@ -1051,7 +1066,7 @@ inline void process_row(const device T* logits, const device LabelT* labels,
       }
     }
   } else {
-    if (sums_in_walk && !kDense && !class_weighted<kPlain>(params)) {
+    if (sums_in_walk && !kDense && !class_weighted<kForm>(params)) {
       state = walk_lse_sums<T, LabelT, kDense, true, kAhead>(
           logits + base, weights, base, first, stride, num_classes, reduce, label_logit,
           walked_shifted, walked_weight);
@@ -1102,7 +1117,7 @@ inline void process_row(const device T* logits, const device LabelT* labels,
   float lp_label = 0.0f;  // lp_y of a sparse row, for pass 3
   if (single) {
     const uint y = uint(label);
-    const float w = kPlain ? plain_label_weight(params)
+    const float w = kCrossEntropy ? plain_label_weight(params)
                            : class_weight<LabelT, kDense>(labels, base, label, y, class_weights,
                                                           params);
     lp_label = log_prob(ls, reduce.share_label_logit(label_logit.value, label_logit.valid,
@@ -1114,7 +1129,7 @@ inline void process_row(const device T* logits, const device LabelT* labels,
     float shifted = walked_shifted;
     if (!kDense) {  // add the labelled class's (1 - eps) a_y
       const uint y = uint(label);
-      const float a_y = class_weighted<kPlain>(params) ? class_weights[y] : 1.0f;
+      const float a_y = class_weighted<kForm>(params) ? class_weights[y] : 1.0f;
       const float label_weight = params.smooth_on * a_y;
       total_weight = sparse_total_weight(label_weight, params.smooth_off, walked_weight);
       const float z_y =
@@ -1161,12 +1176,12 @@ inline void process_row(const device T* logits, const device LabelT* labels,
     // beside p_j G when p_j is large, and 1 - p_j is not needed). At y it is class_gradient of
     // lp_y and w_y, once per thread. The loop then needs no 64-bit compare with the label.
     const uint y = uint(label);
-    const float w_y = kPlain ? plain_label_weight(params)
+    const float w_y = kCrossEntropy ? plain_label_weight(params)
                              : class_weight<LabelT, kDense>(labels, base, label, y,
                                                             class_weights, params);
     const float off = params.smooth_off;
     const float at_label = float(T(scale * class_gradient(lp_label, w_y, gamma, big_g)));
-    if (off != 0.0f && class_weighted<kPlain>(params)) {  // uniform
+    if (off != 0.0f && class_weighted<kForm>(params)) {  // uniform
       walk_sparse_gradient<T, true, kAhead>(logits + base, grad_out + base, class_weights, y,
                                             ls, scale * big_g, scale * off, at_label, base,
                                             first, stride, num_classes);
@@ -1193,13 +1208,13 @@ inline void process_row(const device T* logits, const device LabelT* labels,
 // Buffer arguments in index order (custom_loss_params.h); then the threadgroup scratch (rowtg
 // only); then TFMO_KERNEL_THREAD_ARGS.
 //
-// kPlain (sparse labels only): plain cross-entropy, gamma == 0, label_smoothing == 0 and no
-// class weights, which csrc/metal/launch_plan.cc (KernelName) launches these kernels for. The
-// focal sums, the smoothing walk's V and S_v and the class-weighted gradient pass are compiled
-// out; what is left is the same code on the same values, so each output is bitwise the general
-// kernel's. Each kernel is one function whose largest pass sets its register count; without
-// those passes it needs fewer, which leaves room for more threads on a GPU whose occupancy is
-// set by registers.
+// The cross-entropy forms (KernelForm; sparse labels only, gamma == 0, no class weights), which
+// csrc/metal/launch_plan.cc (KernelName) launches for those options: the focal sums, the
+// class-weighted walk and gradient pass are compiled out, and in the plain form (no smoothing)
+// the smoothing walk's V and S_v too; the smoothed form walks with unit weights (V = C). What is
+// left is the same code on the same values, so each output is bitwise the general kernel's. Each
+// kernel is one function whose largest pass sets its register count; without those passes it
+// needs fewer, which leaves room for more threads on a GPU whose occupancy is set by registers.
 
 // The buffers of one launch, as process_row takes them. Forward: `out` is the loss, `scales` the
 // row_scales, `stats_out` the row_stats it writes, `grad_out` the scaled gradient. Gradient:
@@ -1217,7 +1232,7 @@ struct RowBuffers {
   device T* grad_out;
 };
 
-template <typename T, typename LabelT, bool kDense, bool kPlain, bool kGradient, typename ScaleT>
+template <typename T, typename LabelT, bool kDense, int kForm, bool kGradient, typename ScaleT>
 inline void row_per_threadgroup(RowBuffers<T, LabelT, ScaleT> b, constant CustomLossParams& params,
                                 threadgroup float* scratch, uint2 tg_pos, uint2 tg_count,
                                 uint2 tg_size, uint tid, uint lane, uint sg_index, uint sg_count) {
@@ -1228,13 +1243,13 @@ inline void row_per_threadgroup(RowBuffers<T, LabelT, ScaleT> b, constant Custom
   reduce.lane = lane;
   reduce.sg_index = sg_index;
   reduce.sg_count = sg_count;
-  process_row<T, LabelT, kDense, kPlain, kGradient>(b.logits, b.labels, b.class_weights, params,
+  process_row<T, LabelT, kDense, kForm, kGradient>(b.logits, b.labels, b.class_weights, params,
                                             b.error_record, b.out, b.scales, b.stats_out,
                                             b.stats_in, b.grad_out, row, tid, tg_size.x,
                                             tid == 0u, reduce);
 }
 
-template <typename T, typename LabelT, bool kDense, bool kPlain, bool kGradient, typename ScaleT>
+template <typename T, typename LabelT, bool kDense, int kForm, bool kGradient, typename ScaleT>
 inline void row_per_lane_group(RowBuffers<T, LabelT, ScaleT> b, constant CustomLossParams& params,
                                uint2 tg_pos, uint2 tg_count, uint tid) {
   const uint lanes = params.threads_per_row;  // power of two dividing the SIMD width
@@ -1244,7 +1259,7 @@ inline void row_per_lane_group(RowBuffers<T, LabelT, ScaleT> b, constant CustomL
   if (row >= params.num_rows) return;  // the whole lane group: its shuffles stay inside it
   LaneGroupReduce reduce;
   reduce.lanes = lanes;
-  process_row<T, LabelT, kDense, kPlain, kGradient>(b.logits, b.labels, b.class_weights, params,
+  process_row<T, LabelT, kDense, kForm, kGradient>(b.logits, b.labels, b.class_weights, params,
                                             b.error_record, b.out, b.scales, b.stats_out,
                                             b.stats_in, b.grad_out, row, sub, lanes, sub == 0u,
                                             reduce);
@@ -1286,7 +1301,7 @@ inline RowBuffers<T, LabelT, T> gradient_buffers(
   return b;
 }
 
-template <typename T, typename LabelT, bool kDense, bool kPlain>
+template <typename T, typename LabelT, bool kDense, int kForm>
 [[kernel]] void custom_loss_forward_rowtg(
     const device T* logits [[buffer(TFMO_BUFFER_LOGITS)]],
     const device LabelT* labels [[buffer(TFMO_BUFFER_LABELS)]],
@@ -1299,13 +1314,13 @@ template <typename T, typename LabelT, bool kDense, bool kPlain>
     device T* scaled_gradient [[buffer(TFMO_BUFFER_SCALED_GRADIENT)]],
     threadgroup float* scratch TFMO_THREADGROUP_ARG(TFMO_THREADGROUP_SCRATCH),
     TFMO_KERNEL_THREAD_ARGS) {
-  row_per_threadgroup<T, LabelT, kDense, kPlain, false>(
+  row_per_threadgroup<T, LabelT, kDense, kForm, false>(
       forward_buffers(logits, labels, class_weights, error_record, loss, row_scales, row_stats,
                       scaled_gradient),
       params, scratch, tg_pos, tg_count, tg_size, tid, lane, sg_index, sg_count);
 }
 
-template <typename T, typename LabelT, bool kDense, bool kPlain>
+template <typename T, typename LabelT, bool kDense, int kForm>
 [[kernel]] void custom_loss_gradient_rowtg(
     const device T* logits [[buffer(TFMO_BUFFER_LOGITS)]],
     const device LabelT* labels [[buffer(TFMO_BUFFER_LABELS)]],
@@ -1317,13 +1332,13 @@ template <typename T, typename LabelT, bool kDense, bool kPlain>
     const device float* row_stats [[buffer(TFMO_BUFFER_ROW_STATS)]],
     threadgroup float* scratch TFMO_THREADGROUP_ARG(TFMO_THREADGROUP_SCRATCH),
     TFMO_KERNEL_THREAD_ARGS) {
-  row_per_threadgroup<T, LabelT, kDense, kPlain, true>(
+  row_per_threadgroup<T, LabelT, kDense, kForm, true>(
       gradient_buffers(logits, labels, class_weights, error_record, grad_logits, upstream,
                        row_stats),
       params, scratch, tg_pos, tg_count, tg_size, tid, lane, sg_index, sg_count);
 }
 
-template <typename T, typename LabelT, bool kDense, bool kPlain>
+template <typename T, typename LabelT, bool kDense, int kForm>
 [[kernel]] void custom_loss_forward_rowsimd(
     const device T* logits [[buffer(TFMO_BUFFER_LOGITS)]],
     const device LabelT* labels [[buffer(TFMO_BUFFER_LABELS)]],
@@ -1335,13 +1350,13 @@ template <typename T, typename LabelT, bool kDense, bool kPlain>
     device float* row_stats [[buffer(TFMO_BUFFER_ROW_STATS)]],
     device T* scaled_gradient [[buffer(TFMO_BUFFER_SCALED_GRADIENT)]],
     TFMO_KERNEL_THREAD_ARGS) {
-  row_per_lane_group<T, LabelT, kDense, kPlain, false>(
+  row_per_lane_group<T, LabelT, kDense, kForm, false>(
       forward_buffers(logits, labels, class_weights, error_record, loss, row_scales, row_stats,
                       scaled_gradient),
       params, tg_pos, tg_count, tid);
 }
 
-template <typename T, typename LabelT, bool kDense, bool kPlain>
+template <typename T, typename LabelT, bool kDense, int kForm>
 [[kernel]] void custom_loss_gradient_rowsimd(
     const device T* logits [[buffer(TFMO_BUFFER_LOGITS)]],
     const device LabelT* labels [[buffer(TFMO_BUFFER_LABELS)]],
@@ -1352,7 +1367,7 @@ template <typename T, typename LabelT, bool kDense, bool kPlain>
     const device T* upstream [[buffer(TFMO_BUFFER_UPSTREAM)]],
     const device float* row_stats [[buffer(TFMO_BUFFER_ROW_STATS)]],
     TFMO_KERNEL_THREAD_ARGS) {
-  row_per_lane_group<T, LabelT, kDense, kPlain, true>(
+  row_per_lane_group<T, LabelT, kDense, kForm, true>(
       gradient_buffers(logits, labels, class_weights, error_record, grad_logits, upstream,
                        row_stats),
       params, tg_pos, tg_count, tid);

@@ -178,13 +178,16 @@ def test_emulated_kernels_match_reference_on_odd_num_classes(emu, ref, num_class
 @pytest.mark.parametrize("label_kind", ["int32", "int64"])
 @pytest.mark.parametrize("variant, num_classes", [("rowsimd", 45), ("rowtg", 1000),
                                                    ("rowtg", 301)])
-def test_plain_kernels_match_the_general_kernels_bitwise(emu, variant, num_classes, label_kind,
-                                                         dtype):
-    # Plain cross-entropy (gamma 0, no smoothing, no class weights) runs the "_plain" kernels;
-    # class weights of exactly 1 give the same loss through the general kernels, whose outputs
-    # the plain ones must reproduce bit for bit: every launch (forward with row_stats and the
-    # scaled gradient, gradient reading row_stats, gradient without) and every output. Rows:
-    # ignored, bad labels, a NaN, an all -inf row and a masked vocabulary besides normal ones.
+@pytest.mark.parametrize("label_smoothing, form", [(0.0, "_plain"), (0.1, "_smoothed")])
+def test_cross_entropy_kernels_match_the_general_kernels_bitwise(emu, variant, num_classes,
+                                                                 label_kind, dtype,
+                                                                 label_smoothing, form):
+    # Cross-entropy (gamma 0, no class weights) runs the "_plain" kernels, or with label
+    # smoothing the "_smoothed" ones; class weights of exactly 1 give the same loss through the
+    # general kernels, whose outputs these must reproduce bit for bit: every launch (forward with
+    # row_stats and the scaled gradient, gradient reading row_stats, gradient without) and every
+    # output. Rows: ignored, bad labels, a NaN, an all -inf row and a masked vocabulary besides
+    # normal ones.
     rng = _rng("plain", variant, num_classes, label_kind, dtype)
     n, c = 21, num_classes
     logits = rng.normal(0.0, 3.0, (n, c))
@@ -200,7 +203,7 @@ def test_plain_kernels_match_the_general_kernels_bitwise(emu, variant, num_class
     scales = rng.uniform(-1.0, 1.0, n).astype(np.float32)
     upstream = mb.storage(rng.uniform(-2.0, 2.0, n), dtype)
     common = dict(logits=z, labels=y, dtype=dtype, label_kind=label_kind, ignore_class=7,
-                  variant=variant)
+                  variant=variant, label_smoothing=label_smoothing)
     runs = {}
     for name, weights in (("plain", None), ("general", np.ones(c, np.float32))):
         fwd = emu.run(direction="forward", class_weights=weights, row_stats=True,
@@ -210,10 +213,10 @@ def test_plain_kernels_match_the_general_kernels_bitwise(emu, variant, num_class
         grad = emu.run(direction="gradient", class_weights=weights, upstream=upstream, **common)
         for run in (fwd, grad_stats, grad):
             assert run.ok, run.error
-            assert run.kernel_name.endswith("_plain") == (name == "plain"), run.kernel_name
+            assert run.kernel_name.endswith(form) == (name == "plain"), run.kernel_name
         runs[name] = (fwd, grad_stats, grad)
     for plain, general in zip(runs["plain"], runs["general"]):
-        assert plain.kernel_name == general.kernel_name + "_plain"
+        assert plain.kernel_name == general.kernel_name + form
         for field in ("raw_output", "row_stats", "scaled_gradient", "error_record"):
             a, b = getattr(plain, field), getattr(general, field)
             if a is None or b is None:
@@ -224,7 +227,10 @@ def test_plain_kernels_match_the_general_kernels_bitwise(emu, variant, num_class
     fwd = runs["plain"][0]
     assert fwd.bad_label_count == 1
     assert np.isnan(fwd.output[[2, 3, 9]]).all() and fwd.output[6] == 0.0
-    assert np.isfinite(np.delete(fwd.output, [2, 3, 9])).all()
+    # Smoothing weighs the masked classes of row 4 too: their -inf logits make its loss +inf.
+    inf_rows = [4] if label_smoothing else []
+    assert (fwd.output[inf_rows] == np.inf).all()
+    assert np.isfinite(np.delete(fwd.output, [2, 3, 9] + inf_rows)).all()
 
 
 @pytest.mark.parametrize("variant", ["rowtg", "rowsimd"])

@@ -112,8 +112,12 @@ def step_bytes(emu: mb.Emulator, option: str, path: str, n: int, c: int) -> Tupl
                             **kw))
     else:
         runs.append(emu.run(direction="forward", row_stats=True, row_scales=upstream, **kw))
-    for run in runs:  # plain cross-entropy runs the "_plain" kernels, the rest the general ones
-        assert run.kernel_name.endswith("_plain") == (option == "plain"), run.kernel_name
+    for run in runs:  # cross-entropy runs the "_plain" / "_smoothed" kernels, the rest the
+        # general ones
+        form = {"plain": "_plain", "smoothed": "_smoothed"}.get(option)
+        assert (form is not None and run.kernel_name.endswith(form)) or (
+            form is None and not run.kernel_name.endswith(("_plain", "_smoothed"))), (
+                run.kernel_name)
     total = sum(_bytes(r) for r in runs)
     per_role = {r: sum(run.bytes_read[r] + run.bytes_written[r] for run in runs)
                 for r in DEVICE_ROLES}

@@ -200,9 +200,11 @@ def test_msl_tsan_gradient_written_over_the_logits_has_no_race(
     assert "ThreadSanitizer" not in result.stderr, result.stderr[-6000:]
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"_{variant}_f32_" in result.stdout
-    # Plain cross-entropy runs the "_plain" kernels, the other options the general ones.
+    # Cross-entropy runs the "_plain" kernels, or with smoothing the "_smoothed" ones; focal
+    # loss the general ones.
     kernel = result.stdout.split("kernel ", 1)[1].split()[0]
     assert kernel.endswith("_plain") == (gamma == 0.0 and eps == 0.0), kernel
+    assert kernel.endswith("_smoothed") == (gamma == 0.0 and eps != 0.0), kernel
 
     grad_file = "scaled_gradient.bin" if forward else "output.bin"
     grad = np.fromfile(case / grad_file, dtype=np.float32).reshape(n, c)

@@ -99,13 +99,15 @@ KernelVariant ChooseVariant(const LaunchDesc& desc) {
                                                   : KernelVariant::kRowPerThreadgroup;
 }
 
-// Plain cross-entropy on sparse labels: no focal term, no smoothing, no class weights. These
-// options run the "_plain" kernels (kernels/custom_loss.h, kPlain), which compile the other
-// cases' passes out and so need fewer registers; the geometry is the same. The choice depends
-// on the loss options alone, never on the device.
-bool IsPlain(const LaunchDesc& desc) {
-  return desc.label_kind != LabelKind::kDense && desc.gamma == 0.0f &&
-         desc.label_smoothing == 0.0f && !desc.has_class_weights;
+// Cross-entropy on sparse labels (no focal term, no class weights) runs kernels of its own
+// (kernels/custom_loss.h, KernelForm): "_plain" without label smoothing, "_smoothed" with it.
+// They compile the other options' passes out and so need fewer registers; the geometry is the
+// same. The choice depends on the loss options alone, never on the device.
+const char* FormSuffix(const LaunchDesc& desc) {
+  if (desc.label_kind == LabelKind::kDense || desc.gamma != 0.0f || desc.has_class_weights) {
+    return "";
+  }
+  return desc.label_smoothing == 0.0f ? "_plain" : "_smoothed";
 }
 
 }  // namespace
@@ -136,7 +138,7 @@ std::string KernelName(const LaunchDesc& desc) {
   name += DtypeToken(desc.dtype);
   name += "_";
   name += LabelToken(desc.label_kind);
-  if (IsPlain(desc)) name += "_plain";
+  name += FormSuffix(desc);
   return name;
 }
 

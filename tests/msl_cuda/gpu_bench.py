@@ -235,12 +235,15 @@ def _one_configuration(ours, liger, row: dict, sweep: list, x, y, up, loss, grad
             except Exception as e:  # noqa: BLE001 - reported, the other methods still run
                 row[key + "_error"] = f"{type(e).__name__}: {e}"[:300]
         del xl
-    # The threadgroup size (PlanLaunch under a lowered pipeline limit; the other variant forced).
+    # The threadgroup size (PlanLaunch under a lowered pipeline limit; the other variant forced),
+    # for the stats step and the reduced one (its forward has the gradient kernel's geometry).
     if x.dtype == torch.float32 and not QUICK:
         settings = [(m, -1) for m in SWEEP_LIMITS] + [(1024, int(c > 256))]
         seen = []
         for limit, variant in settings:
             fn, plans = ours.step(x, y, up, loss, grad, max_threads=limit, variant=variant)
+            reduced, _ = ours.step(x, y, up, loss, grad, max_threads=limit, variant=variant,
+                                   mode="reduced")
             if plans in seen:
                 continue
             seen.append(plans)
@@ -248,9 +251,10 @@ def _one_configuration(ours, liger, row: dict, sweep: list, x, y, up, loss, grad
                 entry = next(e for e in sweep
                              if e["n"] == n and e["c"] == c and e["plan"] == plans[1])
                 entry["kernel_ms"] = kernel_time(fn)["total_ms"]
+                entry["reduced_kernel_ms"] = kernel_time(reduced)["total_ms"]
             else:
                 sweep.append(dict(n=n, c=c, dtype="float32", max_threads=limit, plan=plans[1],
-                                  ms=bench(fn)))
+                                  ms=bench(fn), reduced_ms=bench(reduced)))
 
 
 def run(library: str, cubin: str, out_path: Path) -> None:

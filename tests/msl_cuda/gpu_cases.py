@@ -119,6 +119,8 @@ CASES: List[dict] = [
          smoothing=0.1, weights=True),
     dict(name="cross-entropy, confident rows, smoothing", n=9, c=260, logits=_confident,
          smoothing=0.05),
+    dict(name="cross-entropy, C=40000, smoothing", n=3, c=40000, logits=_normal(2.0),
+         smoothing=0.1, kinds=SPARSE),
     dict(name="cross-entropy, C=262144, smoothing, weights", n=2, c=262144,
          logits=_normal(2.0), smoothing=0.1, weights=True),
     dict(name="grid folded into y", n=70000, c=3, logits=_normal(2.0), kinds=("int32",),
@@ -158,11 +160,17 @@ def _write(directory: Path, fields: dict, arrays: dict, meta: dict, expected) ->
         np.save(directory / "expected.npy", expected)
 
 
-def _is_plain(kind: str, fields: dict) -> bool:
-    """Whether the launch plan runs a "_plain" kernel (csrc/metal/launch_plan.cc): sparse
-    labels, gamma 0, no label smoothing, no class weights."""
-    return (kind != "dense" and fields["gamma"] == 0.0 and fields["label_smoothing"] == 0.0
-            and not fields["has_class_weights"])
+def _form(kind: str, fields: dict) -> str:
+    """The suffix of the kernel the launch plan runs (csrc/metal/launch_plan.cc, KernelName):
+    "_plain" for sparse labels, gamma 0, no label smoothing, no class weights; "_smoothed" for
+    the same with smoothing; "" (a general kernel) otherwise."""
+    if kind == "dense" or fields["gamma"] != 0.0 or fields["has_class_weights"]:
+        return ""
+    return "_plain" if fields["label_smoothing"] == 0.0 else "_smoothed"
+
+
+def _kernel_form(kernel: str) -> str:
+    return next((f for f in ("_plain", "_smoothed") if kernel.endswith(f)), "")
 
 
 def write_cases(root: Path) -> int:
@@ -227,7 +235,7 @@ def write_cases(root: Path) -> int:
                                       row_stats=stats if launch == "stats" else None)
                         meta = dict(case=case["name"], dtype=dtype, kind=kind, variant=variant,
                                     direction=direction, launch=launch, n=n, c=c, bad={},
-                                    plain=_is_plain(kind, fields))
+                                    form=_form(kind, fields))
                         directory = root / f"c{ci:02d}_{dtype}_{kind}_{variant}_{direction}_{launch}"
                         _write(directory, fields, arrays, meta, expected[direction])
                         if launch == "fused":
@@ -237,7 +245,7 @@ def write_cases(root: Path) -> int:
                         count += 1
     # Bad labels: NaN rows, the error record (count, lowest row, a consistent (row, label) pair),
     # the good rows still right; ignore_class = -1 is not an error.
-    for kind, options in [(k, o) for k in SPARSE for o in ("general", "plain")]:
+    for kind, options in [(k, o) for k in SPARSE for o in ("general", "plain", "smoothed")]:
         rng = _rng("bad", kind)
         n, c = BAD_LABELS["n"], BAD_LABELS["c"]
         z = rng.normal(0.0, 2.0, (n, c))
@@ -251,7 +259,7 @@ def write_cases(root: Path) -> int:
         y[1] = -1                                     # ignore_class: loss 0, not an error
         good_y[1] = 0
         labels = y.astype(np.int32 if kind == "int32" else np.int64)
-        gamma, eps = (1.0, 0.1) if options == "general" else (0.0, 0.0)
+        gamma, eps = {"general": (1.0, 0.1), "plain": (0.0, 0.0), "smoothed": (0.0, 0.1)}[options]
         kw = dict(gamma=gamma, label_smoothing=float(np.float32(eps)))
         z_store = mb.storage(z, "float32")
         z64 = mb.as_float64(z_store, "float32")
@@ -272,7 +280,7 @@ def write_cases(root: Path) -> int:
                 meta = dict(case=f"{BAD_LABELS['name']}, {options}", dtype="float32", kind=kind,
                             variant=variant, direction=direction, n=n, c=c,
                             bad={str(k): v for k, v in bad.items()},
-                            plain=_is_plain(kind, fields))
+                            form=_form(kind, fields))
                 _write(root / f"bad_{kind}_{options}_{variant}_{direction}", fields, arrays, meta,
                        expected[direction])
                 count += 1
@@ -363,15 +371,16 @@ def check_cases(root: Path) -> int:
         plan = (d / "plan.txt").read_text().split() if (d / "plan.txt").exists() else []
         if len(plan) > 1:
             kernels.add(plan[1])
-            plain = json.loads((d / "meta.json").read_text()).get("plain")
-            if problem is None and plain is not None and plan[1].endswith("_plain") != plain:
-                problem = f"ran {plan[1]}, expected a {'plain' if plain else 'general'} kernel"
+            form = json.loads((d / "meta.json").read_text()).get("form")
+            if problem is None and form is not None and _kernel_form(plan[1]) != form:
+                problem = f"ran {plan[1]}, expected a {form.strip('_') or 'general'} kernel"
         if problem is not None:
             failures += 1
             print(f"FAIL {d.name}: {problem}")
-    plain = sum(k.endswith("_plain") for k in kernels)
+    plain = sum(_kernel_form(k) == "_plain" for k in kernels)
+    smoothed = sum(_kernel_form(k) == "_smoothed" for k in kernels)
     print(f"{len(dirs)} launches checked against the float64 reference, {failures} failed; "
-          f"{len(kernels)} distinct kernels ran ({plain} of them plain)")
+          f"{len(kernels)} distinct kernels ran ({plain} of them plain, {smoothed} smoothed)")
     return 1 if failures or not dirs else 0
 
 

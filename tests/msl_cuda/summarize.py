@@ -74,11 +74,14 @@ def timing_table(bench: dict) -> list:
               "statistics (the kernels before them); stats = the forward writes row_stats, the "
               "gradient reads them (per-example losses); reduced = the forward alone writes "
               "the mean's gradient (reduced losses, Keras). Wall-clock ms, then device time "
-              "(kernels alone) ms; x floor and / torch, / liger for the faster new one:", "",
+              "(kernels alone) ms; x floor and / torch, / liger for the faster new one; "
+              "reduced / eps 0: the reduced step against the same step without smoothing:", "",
               "| N x C | dtype | eps | old | stats | reduced | old (kernels) | stats (kernels) "
-              "| reduced (kernels) | best x floor | best / torch | best / liger |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| reduced (kernels) | best x floor | best / torch | best / liger "
+              "| reduced / eps 0 |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in bench["rows"]:
+        plain_reduced = r.get("ours_reduced_ms")
         for eps, base, peer in (("0", "ours", ""), (".1", "ours_smooth", "_smooth")):
             wall = [r.get(base + m + "_ms") for m in ("", "_stats", "_reduced")]
             kern = [(r.get(base + m + "_kernel") or {}).get("total_ms")
@@ -92,7 +95,9 @@ def timing_table(bench: dict) -> list:
                 f"| {r['n']} x {r['c']} | {r['dtype']} | {eps} | "
                 + " | ".join(_ms(v) for v in wall + kern) + " | "
                 + ("-" if best is None else f"{best / r['floor_ms']:.2f}") + " | "
-                + f"{rel('torch' + peer)} | {rel('liger' + peer)} |")
+                + f"{rel('torch' + peer)} | {rel('liger' + peer)} | "
+                + ("-" if wall[2] is None or plain_reduced is None
+                   else f"{wall[2] / plain_reduced:.2f}") + " |")
     lines += ["", "Peers relative to the floor (wall-clock time / floor time):", "",
               "| N x C | dtype | torch | torch eps=.1 | liger | liger eps=.1 |",
               "|---|---|---|---|---|---|"]
@@ -117,14 +122,17 @@ def timing_table(bench: dict) -> list:
     if bench.get("sweep"):
         lines += ["", "Threadgroup size on this GPU (float32, eps=0; PlanLaunch under a lowered "
                   "maxTotalThreadsPerThreadgroup, or the other variant forced), ms:", "",
-                  "| N x C | gradient kernel's plan | ms (wall) | ms (kernels) |",
-                  "|---|---|---|---|"]
+                  "| N x C | gradient kernel's plan | stats ms (wall) | stats ms (kernels) | "
+                  "reduced ms (wall) | reduced ms (kernels) |",
+                  "|---|---|---|---|---|---|"]
+        nan = float("nan")
         for s in bench["sweep"]:
             p = s["plan"]
             lines.append(f"| {s['n']} x {s['c']} | {p['kernel'].split('_')[4]} "
                          f"{p['threads']} threads, {p['threads_per_row']}/row, "
                          f"{p['rows_per_threadgroup']} rows/threadgroup | {s['ms']:.3f} | "
-                         f"{s.get('kernel_ms', float('nan')):.3f} |")
+                         f"{s.get('kernel_ms', nan):.3f} | {s.get('reduced_ms', nan):.3f} | "
+                         f"{s.get('reduced_kernel_ms', nan):.3f} |")
     return lines
 
 
