@@ -1117,9 +1117,10 @@ inline void process_row(const device T* logits, const device LabelT* labels,
   float lp_label = 0.0f;  // lp_y of a sparse row, for pass 3
   if (single) {
     const uint y = uint(label);
-    const float w = kCrossEntropy ? plain_label_weight(params)
-                           : class_weight<LabelT, kDense>(labels, base, label, y, class_weights,
-                                                          params);
+    const float w = kCrossEntropy
+                        ? plain_label_weight(params)
+                        : class_weight<LabelT, kDense>(labels, base, label, y, class_weights,
+                                                       params);
     lp_label = log_prob(ls, reduce.share_label_logit(label_logit.value, label_logit.valid,
                                                      want_gradient));
     if (want_loss) loss_total = loss_term(lp_label, w, gamma);
@@ -1176,9 +1177,10 @@ inline void process_row(const device T* logits, const device LabelT* labels,
     // beside p_j G when p_j is large, and 1 - p_j is not needed). At y it is class_gradient of
     // lp_y and w_y, once per thread. The loop then needs no 64-bit compare with the label.
     const uint y = uint(label);
-    const float w_y = kCrossEntropy ? plain_label_weight(params)
-                             : class_weight<LabelT, kDense>(labels, base, label, y,
-                                                            class_weights, params);
+    const float w_y = kCrossEntropy
+                          ? plain_label_weight(params)
+                          : class_weight<LabelT, kDense>(labels, base, label, y, class_weights,
+                                                         params);
     const float off = params.smooth_off;
     const float at_label = float(T(scale * class_gradient(lp_label, w_y, gamma, big_g)));
     if (off != 0.0f && class_weighted<kForm>(params)) {  // uniform
@@ -1244,9 +1246,9 @@ inline void row_per_threadgroup(RowBuffers<T, LabelT, ScaleT> b, constant Custom
   reduce.sg_index = sg_index;
   reduce.sg_count = sg_count;
   process_row<T, LabelT, kDense, kForm, kGradient>(b.logits, b.labels, b.class_weights, params,
-                                            b.error_record, b.out, b.scales, b.stats_out,
-                                            b.stats_in, b.grad_out, row, tid, tg_size.x,
-                                            tid == 0u, reduce);
+                                                   b.error_record, b.out, b.scales, b.stats_out,
+                                                   b.stats_in, b.grad_out, row, tid, tg_size.x,
+                                                   tid == 0u, reduce);
 }
 
 template <typename T, typename LabelT, bool kDense, int kForm, bool kGradient, typename ScaleT>
@@ -1260,9 +1262,9 @@ inline void row_per_lane_group(RowBuffers<T, LabelT, ScaleT> b, constant CustomL
   LaneGroupReduce reduce;
   reduce.lanes = lanes;
   process_row<T, LabelT, kDense, kForm, kGradient>(b.logits, b.labels, b.class_weights, params,
-                                            b.error_record, b.out, b.scales, b.stats_out,
-                                            b.stats_in, b.grad_out, row, sub, lanes, sub == 0u,
-                                            reduce);
+                                                   b.error_record, b.out, b.scales, b.stats_out,
+                                                   b.stats_in, b.grad_out, row, sub, lanes,
+                                                   sub == 0u, reduce);
 }
 
 template <typename T, typename LabelT>
