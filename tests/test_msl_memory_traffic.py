@@ -112,12 +112,11 @@ def step_bytes(emu: mb.Emulator, option: str, path: str, n: int, c: int) -> Tupl
                             **kw))
     else:
         runs.append(emu.run(direction="forward", row_stats=True, row_scales=upstream, **kw))
-    for run in runs:  # cross-entropy runs the "_plain" / "_smoothed" kernels, the rest the
-        # general ones
-        form = {"plain": "_plain", "smoothed": "_smoothed"}.get(option)
-        assert (form is not None and run.kernel_name.endswith(form)) or (
-            form is None and not run.kernel_name.endswith(("_plain", "_smoothed"))), (
-                run.kernel_name)
+    # Cross-entropy runs the "_plain" or "_smoothed" kernels, the other options the general ones.
+    form = {"plain": "_plain", "smoothed": "_smoothed"}.get(option, "")
+    for run in runs:
+        suffix = next((f for f in ("_plain", "_smoothed") if run.kernel_name.endswith(f)), "")
+        assert suffix == form, run.kernel_name
     total = sum(_bytes(r) for r in runs)
     per_role = {r: sum(run.bytes_read[r] + run.bytes_written[r] for run in runs)
                 for r in DEVICE_ROLES}
