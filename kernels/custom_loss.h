@@ -1024,9 +1024,9 @@ inline void process_row(const device T* logits, const device LabelT* labels,
   long label;
   const uint status = row_status<LabelT, kDense>(labels, row, params, label);
   // A cross-entropy form: the host chose this kernel for gamma == 0 and no class weights, and
-  // (kPlain) eps == 0 (see KernelForm), so those are constants here and the passes they select
-  // are compiled out. A smoothed kernel handed eps == 0 still computes the right loss, through
-  // the smoothing walk.
+  // for eps / C == 0 (kPlain) or != 0 (smoothed) as the params hold it (see KernelForm), so those
+  // are constants here and the passes they select are compiled out. (A smoothed kernel handed
+  // eps / C == 0 would turn a masked class's 0 * -inf into NaN: the host never does so.)
   const float gamma = kCrossEntropy ? 0.0f : params.gamma;
   const bool single =
       kPlain || (kForm == kFormGeneral && single_weighted_class<kDense>(params));
@@ -1214,7 +1214,9 @@ inline void process_row(const device T* logits, const device LabelT* labels,
 // csrc/metal/launch_plan.cc (KernelName) launches for those options: the focal sums, the
 // class-weighted walk and gradient pass are compiled out, and in the plain form (no smoothing)
 // the smoothing walk's V and S_v too; the smoothed form walks with unit weights (V = C). What is
-// left is the same code on the same values, so each output is bitwise the general kernel's. Each
+// left is the same code on the same values as the general kernel's without class weights (with
+// class weights of exactly 1, a_c x = x and the compensated sum of C ones is C, exact below
+// 2^24), so each output is bitwise the general kernel's. Each
 // kernel is one function whose largest pass sets its register count; without those passes it
 // needs fewer, which leaves room for more threads on a GPU whose occupancy is set by registers.
 

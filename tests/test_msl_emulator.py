@@ -228,9 +228,36 @@ def test_cross_entropy_kernels_match_the_general_kernels_bitwise(emu, variant, n
     assert fwd.bad_label_count == 1
     assert np.isnan(fwd.output[[2, 3, 9]]).all() and fwd.output[6] == 0.0
     # Smoothing weighs the masked classes of row 4 too: their -inf logits make its loss +inf.
-    inf_rows = [4] if label_smoothing else []
-    assert (fwd.output[inf_rows] == np.inf).all()
-    assert np.isfinite(np.delete(fwd.output, [2, 3, 9] + inf_rows)).all()
+    if label_smoothing:
+        assert fwd.output[4] == np.inf
+    else:
+        assert np.isfinite(fwd.output[4])
+    assert np.isfinite(np.delete(fwd.output, [2, 3, 4, 9])).all()
+
+
+@pytest.mark.parametrize("variant, num_classes", [("rowsimd", 45), ("rowtg", 1000)])
+def test_smoothing_that_rounds_away_runs_the_plain_kernels(emu, variant, num_classes):
+    # eps / C below float's smallest subnormal is 0 in the params: nothing is smoothed, the
+    # general kernels take their one-class path, and the plan runs the plain kernels, which
+    # give the same bits (a smoothed kernel would turn the masked row's 0 * -inf into NaN).
+    rng = _rng("tiny eps", variant, num_classes)
+    n, c = 9, num_classes
+    logits = rng.normal(0.0, 3.0, (n, c)).astype(np.float32)
+    logits[4, rng.choice(c, c // 2, replace=False)] = -np.inf
+    labels = rng.integers(0, c, n).astype(np.int64)
+    labels[4] = int(np.flatnonzero(np.isfinite(logits[4]))[0])
+    common = dict(logits=logits, labels=labels, label_kind="int64", variant=variant,
+                  label_smoothing=1e-45, row_stats=True,
+                  row_scales=np.full(n, 1.0 / n, np.float32))
+    plain = emu.run(direction="forward", **common)
+    general = emu.run(direction="forward", class_weights=np.ones(c, np.float32), **common)
+    assert plain.ok and general.ok, (plain.error, general.error)
+    assert plain.kernel_name.endswith("_i64_plain"), plain.kernel_name
+    assert general.kernel_name.endswith("_i64"), general.kernel_name
+    for field in ("raw_output", "row_stats", "scaled_gradient"):
+        a, b = np.asarray(getattr(plain, field)), np.asarray(getattr(general, field))
+        assert a.tobytes() == b.tobytes(), field
+    assert np.isfinite(plain.output).all()
 
 
 @pytest.mark.parametrize("variant", ["rowtg", "rowsimd"])

@@ -152,23 +152,26 @@ def test_msl_tsan_forward_writing_the_gradient_has_no_race(tsan_program, ref, tm
     assert np.allclose(stats[good, 0], z[good].max(axis=1))
 
 
-# (variant, direction, label kind, gamma, label smoothing, N, C, max threads per threadgroup)
+# (variant, direction, label kind, gamma, label smoothing, class weights?, N, C, max threads per
+# threadgroup)
 _ALIAS_CASES = [
-    ("rowtg", "forward", "int32", 0.0, 0.0, 4, 300, 64),    # one weighted class, 2 SIMD-groups
-    ("rowtg", "forward", "int64", 1.5, 0.0, 3, 300, 96),    # focal, one weighted class
-    ("rowtg", "forward", "int32", 0.0, 0.1, 3, 300, 64),    # cross-entropy sums from the walk
-    ("rowtg", "gradient", "int32", 0.0, 0.0, 3, 300, 64),
-    ("rowsimd", "forward", "int32", 0.0, 0.0, 20, 33, 64),  # lane groups of 8
-    ("rowsimd", "forward", "int64", 1.5, 0.0, 9, 200, 64),  # lane groups of 32
-    ("rowsimd", "forward", "int64", 0.0, 0.1, 20, 33, 64),
-    ("rowsimd", "gradient", "int64", 0.0, 0.0, 20, 33, 64),
+    ("rowtg", "forward", "int32", 0.0, 0.0, False, 4, 300, 64),  # one weighted class, 2 SIMD-groups
+    ("rowtg", "forward", "int64", 1.5, 0.0, False, 3, 300, 96),  # focal, one weighted class
+    ("rowtg", "forward", "int32", 0.0, 0.1, False, 3, 300, 64),  # cross-entropy sums from the walk
+    ("rowtg", "forward", "int64", 0.0, 0.1, True, 3, 300, 64),   # the same, class-weighted
+    ("rowtg", "gradient", "int32", 0.0, 0.0, False, 3, 300, 64),
+    ("rowsimd", "forward", "int32", 0.0, 0.0, False, 20, 33, 64),  # lane groups of 8
+    ("rowsimd", "forward", "int64", 1.5, 0.0, False, 9, 200, 64),  # lane groups of 32
+    ("rowsimd", "forward", "int64", 0.0, 0.1, False, 20, 33, 64),
+    ("rowsimd", "forward", "int32", 0.0, 0.1, True, 20, 33, 64),
+    ("rowsimd", "gradient", "int64", 0.0, 0.0, False, 20, 33, 64),
 ]
 
 
-@pytest.mark.parametrize("variant, direction, label_kind, gamma, eps, n, c, max_threads",
-                         _ALIAS_CASES)
+@pytest.mark.parametrize(
+    "variant, direction, label_kind, gamma, eps, weighted, n, c, max_threads", _ALIAS_CASES)
 def test_msl_tsan_gradient_written_over_the_logits_has_no_race(
-        tsan_program, ref, tmp_path, variant, direction, label_kind, gamma, eps, n, c,
+        tsan_program, ref, tmp_path, variant, direction, label_kind, gamma, eps, weighted, n, c,
         max_threads):
     """The gradient bound over the logits' memory (alias_gradient: a reduced forward's scaled
     gradient, or the gradient op's output, where TensorFlow forwarded the logits' buffer): the
@@ -182,14 +185,15 @@ def test_msl_tsan_gradient_written_over_the_logits_has_no_race(
     labels[1] = c + 5  # a bad row: written (NaN) without reading
     ref_labels[1] = 0
     scales = rng.uniform(0.5, 2.0, n).astype(np.float32)
+    weights = rng.uniform(0.5, 2.0, c).astype(np.float32) if weighted else None
     forward = direction == "forward"
     case = tmp_path / "case"
     fields = dict(
         num_rows=n, num_classes=c, dtype=0, label_kind=mb.LABEL_KINDS[label_kind],
         direction=mb.DIRECTIONS[direction], variant=mb.VARIANTS[variant], gamma=gamma,
-        label_smoothing=eps, max_threads=max_threads, simd_width=32, executor=1,
-        max_concurrent_threadgroups=4, alias_gradient=1)
-    arrays = dict(logits=logits, labels=labels)
+        label_smoothing=eps, has_class_weights=int(weighted), max_threads=max_threads,
+        simd_width=32, executor=1, max_concurrent_threadgroups=4, alias_gradient=1)
+    arrays = dict(logits=logits, labels=labels, class_weights=weights)
     if forward:
         fields.update(has_row_stats=1, has_row_scales=1)
         arrays["row_scales"] = scales
@@ -201,14 +205,16 @@ def test_msl_tsan_gradient_written_over_the_logits_has_no_race(
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"_{variant}_f32_" in result.stdout
     # Cross-entropy runs the "_plain" kernels, or with smoothing the "_smoothed" ones; focal
-    # loss the general ones.
+    # loss and class weights the general ones.
     kernel = result.stdout.split("kernel ", 1)[1].split()[0]
-    assert kernel.endswith("_plain") == (gamma == 0.0 and eps == 0.0), kernel
-    assert kernel.endswith("_smoothed") == (gamma == 0.0 and eps != 0.0), kernel
+    ce = gamma == 0.0 and not weighted
+    assert kernel.endswith("_plain") == (ce and eps == 0.0), kernel
+    assert kernel.endswith("_smoothed") == (ce and eps != 0.0), kernel
 
     grad_file = "scaled_gradient.bin" if forward else "output.bin"
     grad = np.fromfile(case / grad_file, dtype=np.float32).reshape(n, c)
-    kw = dict(gamma=gamma, label_smoothing=eps)
+    kw = dict(gamma=gamma, label_smoothing=eps,
+              class_weights=None if weights is None else weights.astype(np.float64))
     z = logits.astype(np.float64)
     good = np.arange(n) != 1
     expected = ref.custom_loss_grad(ref_labels, z, upstream=scales.astype(np.float64), **kw)

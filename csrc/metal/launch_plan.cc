@@ -99,15 +99,24 @@ KernelVariant ChooseVariant(const LaunchDesc& desc) {
                                                   : KernelVariant::kRowPerThreadgroup;
 }
 
+// eps / C as the kernels read it (CustomLossParams::smooth_off), rounded once from double.
+float SmoothOff(const LaunchDesc& desc) {
+  return static_cast<float>(static_cast<double>(desc.label_smoothing) /
+                            static_cast<double>(desc.num_classes));
+}
+
 // Cross-entropy on sparse labels (no focal term, no class weights) runs kernels of its own
 // (kernels/custom_loss.h, KernelForm): "_plain" without label smoothing, "_smoothed" with it.
 // They compile the other options' passes out and so need fewer registers; the geometry is the
-// same. The choice depends on the loss options alone, never on the device.
+// same. The choice depends on the loss options alone, never on the device. Smoothing is judged
+// by eps / C as the kernels get it: an eps so small that eps / C rounds to 0 in float smooths
+// nothing, and the general kernels then take their one-class path too, which the plain kernels
+// reproduce (1 - eps stays in the label's weight).
 const char* FormSuffix(const LaunchDesc& desc) {
   if (desc.label_kind == LabelKind::kDense || desc.gamma != 0.0f || desc.has_class_weights) {
     return "";
   }
-  return desc.label_smoothing == 0.0f ? "_plain" : "_smoothed";
+  return SmoothOff(desc) == 0.0f ? "_plain" : "_smoothed";
 }
 
 }  // namespace
@@ -181,7 +190,7 @@ LaunchPlan PlanLaunch(const LaunchDesc& desc, const PipelineLimits& limits) {
   p.ignore_class = p.has_ignore_class ? desc.ignore_class : 0;
   // q_c = (1 - eps) t_c + eps / C, the two coefficients rounded once from double.
   p.smooth_on = static_cast<float>(1.0 - static_cast<double>(desc.label_smoothing));
-  p.smooth_off = static_cast<float>(static_cast<double>(desc.label_smoothing) / static_cast<double>(c));
+  p.smooth_off = SmoothOff(desc);
   p.variant = static_cast<tfmo_u32>(plan.variant);
   p.has_row_stats = desc.has_row_stats ? 1u : 0u;
   p.has_row_scales = desc.has_row_scales ? 1u : 0u;

@@ -112,9 +112,10 @@ struct LaunchPlan {
 };
 
 // "tfmo_custom_loss_<forward|gradient>_<rowtg|rowsimd>_<f32|f16|bf16>_<i32|i64|dense>", with
-// "_plain" (label_smoothing == 0) or "_smoothed" (> 0) appended for sparse labels when gamma == 0
-// and there are no class weights (desc.gamma, desc.label_smoothing, desc.has_class_weights): the
-// [[host_name]] in kernels/custom_loss.metal. Empty if the desc is invalid.
+// "_plain" (label_smoothing / C is 0 in float) or "_smoothed" (it is not) appended for sparse
+// labels when gamma == 0 and there are no class weights (desc.gamma, desc.label_smoothing,
+// desc.has_class_weights): the [[host_name]] in kernels/custom_loss.metal. Empty if the desc is
+// invalid.
 std::string KernelName(const LaunchDesc& desc);
 
 LaunchPlan PlanLaunch(const LaunchDesc& desc, const PipelineLimits& limits);

@@ -242,11 +242,11 @@ def _one_configuration(ours, liger, row: dict, sweep: list, x, y, up, loss, grad
         seen = []
         for limit, variant in settings:
             fn, plans = ours.step(x, y, up, loss, grad, max_threads=limit, variant=variant)
-            reduced, _ = ours.step(x, y, up, loss, grad, max_threads=limit, variant=variant,
-                                   mode="reduced")
             if plans in seen:
                 continue
             seen.append(plans)
+            reduced, _ = ours.step(x, y, up, loss, grad, max_threads=limit, variant=variant,
+                                   mode="reduced")
             if profiled:
                 entry = next(e for e in sweep
                              if e["n"] == n and e["c"] == c and e["plan"] == plans[1])

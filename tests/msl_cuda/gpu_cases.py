@@ -162,11 +162,12 @@ def _write(directory: Path, fields: dict, arrays: dict, meta: dict, expected) ->
 
 def _form(kind: str, fields: dict) -> str:
     """The suffix of the kernel the launch plan runs (csrc/metal/launch_plan.cc, KernelName):
-    "_plain" for sparse labels, gamma 0, no label smoothing, no class weights; "_smoothed" for
-    the same with smoothing; "" (a general kernel) otherwise."""
+    "_plain" for sparse labels, gamma 0, no label smoothing (eps / C is 0 in float), no class
+    weights; "_smoothed" for the same with smoothing; "" (a general kernel) otherwise."""
     if kind == "dense" or fields["gamma"] != 0.0 or fields["has_class_weights"]:
         return ""
-    return "_plain" if fields["label_smoothing"] == 0.0 else "_smoothed"
+    smooth_off = np.float32(fields["label_smoothing"] / fields["num_classes"])
+    return "_plain" if smooth_off == 0.0 else "_smoothed"
 
 
 def _kernel_form(kernel: str) -> str:
