@@ -1216,9 +1216,9 @@ inline void process_row(const device T* logits, const device LabelT* labels,
 // the smoothing walk's V and S_v too; the smoothed form walks with unit weights (V = C). What is
 // left is the same code on the same values as the general kernel's without class weights (with
 // class weights of exactly 1, a_c x = x and the compensated sum of C ones is C, exact below
-// 2^24), so each output is bitwise the general kernel's. Each
-// kernel is one function whose largest pass sets its register count; without those passes it
-// needs fewer, which leaves room for more threads on a GPU whose occupancy is set by registers.
+// 2^24), so each output is bitwise the general kernel's. Each kernel is one function whose
+// largest pass sets its register count; without those passes it needs fewer, which leaves room
+// for more threads on a GPU whose occupancy is set by registers.
 
 // The buffers of one launch, as process_row takes them. Forward: `out` is the loss, `scales` the
 // row_scales, `stats_out` the row_stats it writes, `grad_out` the scaled gradient. Gradient:

@@ -115,8 +115,7 @@ def step_bytes(emu: mb.Emulator, option: str, path: str, n: int, c: int) -> Tupl
     # Cross-entropy runs the "_plain" or "_smoothed" kernels, the other options the general ones.
     form = {"plain": "_plain", "smoothed": "_smoothed"}.get(option, "")
     for run in runs:
-        suffix = next((f for f in ("_plain", "_smoothed") if run.kernel_name.endswith(f)), "")
-        assert suffix == form, run.kernel_name
+        assert mb.kernel_form(run.kernel_name) == form, run.kernel_name
     total = sum(_bytes(r) for r in runs)
     per_role = {r: sum(run.bytes_read[r] + run.bytes_written[r] for run in runs)
                 for r in DEVICE_ROLES}

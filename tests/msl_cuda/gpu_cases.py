@@ -170,9 +170,6 @@ def _form(kind: str, fields: dict) -> str:
     return "_plain" if smooth_off == 0.0 else "_smoothed"
 
 
-def _kernel_form(kernel: str) -> str:
-    return next((f for f in ("_plain", "_smoothed") if kernel.endswith(f)), "")
-
 
 def write_cases(root: Path) -> int:
     ref = load_reference()
@@ -373,13 +370,13 @@ def check_cases(root: Path) -> int:
         if len(plan) > 1:
             kernels.add(plan[1])
             form = json.loads((d / "meta.json").read_text()).get("form")
-            if problem is None and form is not None and _kernel_form(plan[1]) != form:
+            if problem is None and form is not None and mb.kernel_form(plan[1]) != form:
                 problem = f"ran {plan[1]}, expected a {form.strip('_') or 'general'} kernel"
         if problem is not None:
             failures += 1
             print(f"FAIL {d.name}: {problem}")
-    plain = sum(_kernel_form(k) == "_plain" for k in kernels)
-    smoothed = sum(_kernel_form(k) == "_smoothed" for k in kernels)
+    plain = sum(mb.kernel_form(k) == "_plain" for k in kernels)
+    smoothed = sum(mb.kernel_form(k) == "_smoothed" for k in kernels)
     print(f"{len(dirs)} launches checked against the float64 reference, {failures} failed; "
           f"{len(kernels)} distinct kernels ran ({plain} of them plain, {smoothed} smoothed)")
     return 1 if failures or not dirs else 0

@@ -74,6 +74,13 @@ VARIANTS = {"auto": -1, "rowtg": 0, "rowsimd": 1}
 ROLES = ["logits", "labels", "class_weights", "params", "error_record", "output", "upstream",
          "row_scales", "row_stats", "scaled_gradient"]
 MAX_BINDINGS = 12  # TFMO_EMU_MAX_BINDINGS
+# The host-name suffixes of the cross-entropy kernels (kernels/custom_loss.h, KernelForm).
+KERNEL_FORMS = ("_plain", "_smoothed")
+
+
+def kernel_form(kernel_name: str) -> str:
+    """The KernelForm suffix of a kernel's host name: "_plain", "_smoothed", or "" (general)."""
+    return next((f for f in KERNEL_FORMS if kernel_name.endswith(f)), "")
 
 
 # --------------------------------------------------------------------------------------------
