@@ -250,6 +250,19 @@ void DefineModule(py::module_& m) {
     return info;
   });
 
+  // Registers the Metal kernels for the "GPU" device type; _native.load calls it only when
+  // tf_metal_ops/gpu_plugin.py found Apple's tensorflow-metal to be the GPU's only plugin (see
+  // csrc/metal/custom_loss_metal.h). Returns whether kernels are registered: false in a build
+  // without Metal, which has none.
+  m.def("register_metal_kernels", [] {
+#if defined(TF_METAL_OPS_WITH_METAL)
+    metal::RegisterGpuKernelsForAppleStream();
+    return metal::GpuKernelsRegistered();
+#else
+    return false;
+#endif
+  });
+
   m.def("get_commit_mode", [] {
     return GetCommitMode() == CommitMode::kCommitAndWait ? "commit_and_wait" : "commit";
   });

@@ -130,9 +130,23 @@ def load() -> Tuple[ModuleType, ModuleType]:
         ) from error
     from tf_metal_ops import _tf_metal_ops as runtime  # same image, now loaded
 
+    register_metal_kernels_if_apple(runtime)
     if os.environ.get(COMMIT_AND_WAIT_ENV, "").strip().lower() in ("1", "true", "yes", "on"):
         runtime.set_commit_mode("commit_and_wait")
     return ops, runtime
+
+
+def register_metal_kernels_if_apple(runtime_module: ModuleType) -> bool:
+    """Registers the GPU kernels of a Metal build only where Apple's tensorflow-metal alone
+    provides the GPU (`tf_metal_ops.gpu_plugin`: another plugin's stream is not an Objective-C
+    object, and messaging it crashes the process). Returns whether they are registered."""
+    from tf_metal_ops import gpu_plugin  # noqa: PLC0415 - after TensorFlow loaded its plugins
+
+    if not runtime_module.build_info()["metal_compiled_in"]:
+        return False
+    if not gpu_plugin.gpu_plugin().metal_kernels:
+        return False
+    return bool(runtime_module.register_metal_kernels())
 
 
 def op_module() -> ModuleType:

@@ -6,8 +6,10 @@ execute it. Two places cannot:
 - an XLA compilation (`tf.function(jit_compile=True)`, Keras's `jit_compile=True`, and its
   `"auto"` on every machine with a GPU or TPU that is not an Apple GPU): XLA compiles only ops
   that have an XLA lowering, and ours has none;
-- a device without a kernel of ours (a CUDA GPU, a TPU): TensorFlow would place our op on the
-  host, copying the logits off the device and the gradient back on every step.
+- a device without a kernel of ours (a CUDA GPU, a TPU, and a GPU that a Metal plugin other
+  than Apple's tensorflow-metal provides: `tf_metal_ops.gpu_plugin` registers our GPU kernels
+  only for Apple's): TensorFlow would place our op on the host, copying the logits off the device
+  and the gradient back on every step.
 
 There `custom_loss` builds `tf_metal_ops.composed` instead, the same function written with
 TensorFlow ops. The choice is made where the op would be made (at trace time inside
@@ -23,7 +25,7 @@ from typing import Any, Dict, Iterable, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
-from tf_metal_ops import _native, runtime
+from tf_metal_ops import _native, gpu_plugin, runtime
 
 NATIVE = "native"
 COMPOSED_XLA = "composed (XLA)"
@@ -100,7 +102,8 @@ def kernel_device_types() -> Tuple[str, ...]:
     try:
         found = {k["device_type"] for k in _native.registered_kernels(_native.FORWARD_OP)}
     except (ImportError, AttributeError):  # pragma: no cover - the registry query moved
-        found = {"CPU", "GPU"} if runtime.metal_available() else {"CPU"}
+        apple_gpu = runtime.metal_available() and gpu_plugin.gpu_plugin().metal_kernels
+        found = {"CPU", "GPU"} if apple_gpu else {"CPU"}
     return tuple(sorted(found))
 
 
@@ -118,8 +121,15 @@ def choose(logits: Any) -> Tuple[str, str]:
     kernels = kernel_device_types()
     if device_lacks_kernel(device_type, kernels):
         return COMPOSED_DEVICE, (f"{device_type} has no kernel of ours (kernels registered for "
-                                 f"{', '.join(kernels)})")
+                                 f"{', '.join(kernels)}){_plugin_note(device_type)}")
     return NATIVE, f"native op on {device_type}"
+
+
+def _plugin_note(device_type: str) -> str:
+    """For a GPU: which plugin provides it and why our Metal kernels do or do not run there."""
+    if device_type != "GPU":
+        return ""
+    return f"; GPU plugin: {gpu_plugin.gpu_plugin().reason}"
 
 
 _lock = threading.Lock()
@@ -148,14 +158,16 @@ def loss_path_info() -> Dict[str, Any]:
         A dict: `counts` (losses made per path, `"native"`, `"composed (XLA)"` and
         `"composed (device)"`: one per trace inside `tf.function`, one per eager call),
         `last` (the latest choice, `{"path", "reason"}`, or None), `xla_detection` (whether this
-        TensorFlow lets us detect an XLA compilation) and `kernel_devices` (device types our
-        library registered kernels for).
+        TensorFlow lets us detect an XLA compilation), `kernel_devices` (device types our
+        library registered kernels for) and `gpu_plugin` (which TensorFlow plugin provides the
+        GPU, whether our Metal kernels run there, and why: `tf_metal_ops.gpu_plugin`).
     """
     with _lock:
         counts = dict(_counts)
         last = None if _last is None else dict(_last)
     return {"counts": counts, "last": last, "xla_detection": XLA_DETECTION,
-            "kernel_devices": list(kernel_device_types())}
+            "kernel_devices": list(kernel_device_types()),
+            "gpu_plugin": gpu_plugin.gpu_plugin().as_dict()}
 
 
 def describe_machine(visible: Optional[Sequence[str]] = None) -> str:
@@ -163,7 +175,8 @@ def describe_machine(visible: Optional[Sequence[str]] = None) -> str:
     visible = visible_device_types() if visible is None else visible
     device_type = target_device_type("", visible)
     if device_lacks_kernel(device_type, kernel_device_types()):
-        default = f"{COMPOSED_DEVICE} on {device_type} (no kernel of ours there)"
+        default = (f"{COMPOSED_DEVICE} on {device_type} (no kernel of ours there"
+                   f"{_plugin_note(device_type)})")
     else:
         default = f"{NATIVE} op on {device_type}"
     xla = (f"{COMPOSED_XLA} inside jit_compile" if XLA_DETECTION

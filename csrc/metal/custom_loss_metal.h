@@ -11,8 +11,18 @@
 namespace tf_metal_ops {
 namespace metal {
 
-// Registering a GPU kernel happens in a static initializer, where there is nobody to raise an
-// error to: failures are kept here ("TfMetalOps>CustomLoss for bfloat16: <TensorFlow's
+// Registers the GPU kernels of CustomLoss and CustomLossGrad for the "GPU" device type. Called
+// from Python (the runtime module's register_metal_kernels) only after tf_metal_ops/gpu_plugin.py
+// found that Apple's tensorflow-metal, and no other plugin, provides the GPU: another Metal
+// PluggableDevice's stream is not an Objective-C object, and the kernels' first act on a stream
+// is an Objective-C message. Idempotent and thread-safe. The library's static initializers
+// register no GPU kernel.
+void RegisterGpuKernelsForAppleStream();
+
+// Whether RegisterGpuKernelsForAppleStream ran: the gate accepted the GPU's plugin.
+bool GpuKernelsRegistered();
+
+// Failures of the registrations are kept here ("TfMetalOps>CustomLoss for bfloat16: <TensorFlow's
 // message>"), and `python -m tf_metal_ops info` shows them (build_info's
 // gpu_kernel_registration_errors). Empty when every registration succeeded.
 std::vector<std::string> KernelRegistrationErrors();

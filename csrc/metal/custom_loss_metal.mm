@@ -1,4 +1,5 @@
-// GPU kernels of CustomLoss and CustomLossGrad for tensorflow-metal devices.
+// GPU kernels of CustomLoss and CustomLossGrad for the GPU of Apple's tensorflow-metal (its
+// TF_MetalStream), registered only when tf_metal_ops/gpu_plugin.py finds that plugin.
 //
 // The same structure as the CPU kernels (csrc/cpu/custom_loss_cpu.cc): attributes read once in
 // create, inputs validated and the output allocated by the shared code in csrc/problem.cc, then
@@ -14,6 +15,7 @@
 #import <Metal/Metal.h>
 #include <dispatch/dispatch.h>
 
+#include <atomic>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -534,7 +536,8 @@ void Compute(void* kernel, TF_OpKernelContext* ctx) {
   }
 }
 
-// Registration runs in a static initializer; its outcome is kept for KernelRegistrationErrors().
+// Registration runs once the Python gate asks for it (RegisterGpuKernelsForAppleStream); its
+// outcome is kept for KernelRegistrationErrors().
 std::mutex& RegistrationMutex() {
   static std::mutex* mutex = new std::mutex();
   return *mutex;
@@ -576,7 +579,14 @@ void RegisterGpuKernel(const char* op_name, void* (*create)(TF_OpKernelConstruct
   }
 }
 
-bool RegisterGpuKernels() {
+// Set once the gate (tf_metal_ops/gpu_plugin.py) accepted Apple's plugin and the kernels were
+// registered; GetMetalStream refuses any stream while it is false.
+std::atomic<bool>& AppleStreamAccepted() {
+  static auto* accepted = new std::atomic<bool>(false);
+  return *accepted;
+}
+
+void RegisterGpuKernels() {
   std::vector<GpuDtype> dtypes = {{TF_FLOAT, "float"}, {TF_HALF, "half"}};
   // MSL's bfloat arrived with Metal 3.1 (macOS 14): on older systems the library has no bf16
   // kernels, and registering none lets TensorFlow run bfloat16 logits on the CPU instead of
@@ -588,14 +598,20 @@ bool RegisterGpuKernels() {
     std::lock_guard<std::mutex> lock(RegistrationMutex());
     RegisteredDtypes().push_back(type.name);
   }
-  return true;
 }
-
-[[maybe_unused]] const bool gpu_kernels_registered = RegisterGpuKernels();
 
 }  // namespace
 
 namespace metal {
+
+void RegisterGpuKernelsForAppleStream() {
+  // A function-local static: registered once, however often and from however many threads
+  // Python asks.
+  [[maybe_unused]] static const bool registered = (RegisterGpuKernels(), true);
+  AppleStreamAccepted().store(true);
+}
+
+bool GpuKernelsRegistered() { return AppleStreamAccepted().load(); }
 
 std::vector<std::string> KernelRegistrationErrors() {
   std::lock_guard<std::mutex> lock(RegistrationMutex());

@@ -31,9 +31,11 @@
 namespace tf_metal_ops {
 namespace metal {
 
-// The kernel's stream as a TF_MetalStream, or nil with `*error` set. Checks that the object really
-// answers the protocol's messages, so a tensorflow-metal release with another stream type fails
-// with a TensorFlow error naming the op instead of an "unrecognized selector" crash.
+// The kernel's stream as a TF_MetalStream, or nil with `*error` set. Refuses every stream unless
+// the Python gate accepted Apple's plugin (metal::GpuKernelsRegistered, which reads no memory of
+// the handle); then checks that the object answers the protocol's messages, so a tensorflow-metal
+// release with another stream type fails with a TensorFlow error naming the op instead of an
+// "unrecognized selector" crash.
 id<TF_MetalStream> GetMetalStream(TF_OpKernelContext* ctx, const std::string& op_description,
                                   Error* error);
 

@@ -119,6 +119,9 @@ class CheckResults:
     devices: list[str]
     gpu_found: bool
     versions: dict[str, str]
+    # tf_metal_ops.gpu_plugin's decision: which plugin provides the GPU, whether our Metal
+    # kernels run there, and why.
+    gpu_plugin: dict[str, Any] | None = None
 
     @property
     def passed(self) -> bool:
@@ -129,6 +132,10 @@ class CheckResults:
         if not self.gpu_found:
             out.append(f"No GPU found: TensorFlow sees only {', '.join(self.devices)}, so the "
                        f"CPU was checked against the reference; no GPU kernel was tested.")
+        elif self.gpu_plugin is not None:
+            where = ("our Metal kernels" if self.gpu_plugin["metal_kernels"]
+                     else "the composed loss (TensorFlow ops), not our Metal kernels")
+            out.append(f"GPU plugin: {self.gpu_plugin['reason']}. The GPU ran {where}.")
         moved = sorted({(device, ran) for r in self.results if r.report is not None
                         for device, ran_on in r.report.placements.items() for ran in ran_on
                         if ran != device})
@@ -152,6 +159,7 @@ class CheckResults:
             "devices": list(self.devices),
             "gpu_found": self.gpu_found,
             "versions": dict(self.versions),
+            "gpu_plugin": self.gpu_plugin,
             "tolerances": {d: {"rtol": CHECK_TOLERANCES[d][0], "atol": CHECK_TOLERANCES[d][1]}
                            for d in self.dtypes},
             "summary": {"checks": len(self.results), "passed": len(self.results) - failed,
@@ -366,4 +374,5 @@ def run_checks(dtypes: Sequence[str] = DTYPES, quick: bool = False,
                 "tensorflow": tf.__version__, "keras": keras.__version__,
                 "numpy": np.__version__}
     return CheckResults(results=results, dtypes=list(dtypes), quick=quick, devices=devices,
-                        gpu_found=any(d.startswith("GPU") for d in devices), versions=versions)
+                        gpu_found=any(d.startswith("GPU") for d in devices), versions=versions,
+                        gpu_plugin=tf_metal_ops.loss_path_info()["gpu_plugin"])

@@ -193,6 +193,8 @@ def format_info(info: dict[str, Any]) -> str:
     lines.append(("Commit mode", info["commit_mode"] + ("" if gpu or not real_mode else no_gpu)))
     paths = info.get("loss_path")
     if isinstance(paths, dict):
+        if paths.get("gpu_plugin"):
+            lines.append(("GPU plugin", paths["gpu_plugin"]["reason"]))
         lines.append(("Loss path", paths["where"]))
         made = ", ".join(f"{path} {n}" for path, n in paths["counts"].items() if n)
         if made:
