@@ -6,10 +6,10 @@ MODE:
   single     model.fit on one device, the global batch at once (the reference for mirrored)
   mirrored   model.fit under MirroredStrategy over two logical CPU devices made from the one
              physical CPU
-  loop       a custom training loop (strategy.run, per-example losses averaged over the
-             global batch with tf.nn.compute_average_loss) on one device: the reference for
-             the multi-worker run
-  worker     the same loop as one worker of a MultiWorkerMirroredStrategy (TF_CONFIG says
+  loop       a custom training loop (strategy.run) on one device, once for each of LOOP_FORMS
+             (the ways docs/loss.md gives to average the loss over the global batch): the
+             reference for the multi-worker run
+  worker     the same loops as one worker of a MultiWorkerMirroredStrategy (TF_CONFIG says
              which; one CPU each). Keras 3's model.fit does not run under
              MultiWorkerMirroredStrategy (keras-team/keras#20585), so multi-worker users write
              this loop, and the test does too.
@@ -122,28 +122,56 @@ def run_mirrored(path):
     save(path, model, losses=losses, replicas=strategy.num_replicas_in_sync, devices=devices)
 
 
-def train_with_loop(strategy):
-    """EPOCHS passes of a custom loop; returns (model, the mean loss of each epoch)."""
-    import keras
+LOSS_SETTINGS = dict(gamma=2.0, label_smoothing=0.1, class_weights=[1.0, 2.0, 0.5, 0.0, 1.5],
+                     ignore_class=IGNORE_CLASS)
+
+
+def replica_loss(form, labels, logits):
+    """One replica's share of the loss averaged over the *global* batch (ignored rows count 0):
+    sum(its per-example losses) / GLOBAL_BATCH, so the replicas' gradients add up to the
+    single-device gradient. The forms are docs/loss.md's custom-loop recipe."""
     import tensorflow as tf
 
     import tf_metal_ops
+
+    if form == "average":  # per-example losses, reduced by TensorFlow; a second op's gradient
+        per_example = tf_metal_ops.custom_loss(labels, logits, **LOSS_SETTINGS)
+        return tf.nn.compute_average_loss(per_example, global_batch_size=GLOBAL_BATCH)
+    if form == "reduced":  # the scaled sum in one op, its gradient made in the forward
+        row_scales = tf.fill(tf.shape(labels), 1.0 / GLOBAL_BATCH)
+        return tf_metal_ops.reduced_custom_loss(labels, logits, row_scales, **LOSS_SETTINGS)
+    if form == "keras_sum":  # the same through the Keras class
+        loss = tf_metal_ops.CustomLoss(reduction="sum", **LOSS_SETTINGS)
+        return loss(labels, logits, sample_weight=1.0 / GLOBAL_BATCH)
+    raise ValueError(f"unknown form {form!r}")
+
+
+LOOP_FORMS = ("average", "reduced", "keras_sum")
+
+
+def gradient_op_count(concrete_function):
+    """How many CustomLossGrad ops the traced training step holds (in nested functions too)."""
+    graph_def = concrete_function.graph.as_graph_def()
+    nodes = list(graph_def.node)
+    for function in graph_def.library.function:
+        nodes.extend(function.node_def)
+    return sum(node.op == "TfMetalOps>CustomLossGrad" for node in nodes)
+
+
+def train_with_loop(strategy, form):
+    """EPOCHS passes of a custom loop; returns (model, the mean loss of each epoch, how many
+    gradient ops the training step holds)."""
+    import keras
+    import tensorflow as tf
 
     with strategy.scope():
         model = build_and_compile()
         optimizer = keras.optimizers.SGD(LEARNING_RATE)
         optimizer.build(model.trainable_variables)
-    # Per-example losses (ignored rows are 0), averaged over the *global* batch: each replica
-    # contributes sum(its losses) / GLOBAL_BATCH and the optimizer sums the replicas' gradients.
-    per_example = tf_metal_ops.CustomLoss(gamma=2.0, label_smoothing=0.1,
-                                          class_weights=[1.0, 2.0, 0.5, 0.0, 1.5],
-                                          ignore_class=IGNORE_CLASS, reduction="none")
 
     def replica_step(x, y):
         with tf.GradientTape() as tape:
-            logits = model(x, training=True)
-            loss = tf.nn.compute_average_loss(per_example(y, logits),
-                                              global_batch_size=GLOBAL_BATCH)
+            loss = replica_loss(form, y, model(x, training=True))
         grads = tape.gradient(loss, model.trainable_variables)
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return loss
@@ -161,15 +189,26 @@ def train_with_loop(strategy):
             total += float(step(x, y))
             steps += 1
         epoch_losses.append(total / steps)
-    return model, epoch_losses
+    return model, epoch_losses, gradient_op_count(step.get_concrete_function(x, y))
+
+
+def train_every_form(path, strategy, **facts):
+    """Trains each of LOOP_FORMS from the same initial weights; OUTPUT.npz holds the weights
+    as `<form>_<i>`, and the facts each form's losses and gradient-op count."""
+    arrays, losses, gradient_ops = {}, {}, {}
+    for form in LOOP_FORMS:
+        model, losses[form], gradient_ops[form] = train_with_loop(strategy, form)
+        for i, weight in enumerate(model.get_weights()):
+            arrays[f"{form}_{i}"] = weight
+    facts.update(losses=losses, gradient_ops=gradient_ops,
+                 replicas=strategy.num_replicas_in_sync)
+    np.savez(path, facts=json.dumps(facts), **arrays)
 
 
 def run_loop(path):
     import tensorflow as tf
 
-    strategy = tf.distribute.get_strategy()  # the default: one device
-    model, losses = train_with_loop(strategy)
-    save(path, model, losses=losses, replicas=strategy.num_replicas_in_sync)
+    train_every_form(path, tf.distribute.get_strategy())  # the default strategy: one device
 
 
 def run_worker(path):
@@ -178,9 +217,7 @@ def run_worker(path):
     # A dead peer must end this process, not leave it waiting forever.
     options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=120)
     strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
-    model, losses = train_with_loop(strategy)
-    task = json.loads(os.environ["TF_CONFIG"])["task"]
-    save(path, model, losses=losses, replicas=strategy.num_replicas_in_sync, task=task)
+    train_every_form(path, strategy, task=json.loads(os.environ["TF_CONFIG"])["task"])
 
 
 def run_mixed(path):

@@ -93,13 +93,26 @@ def _load(path: Path):
     return weights, facts
 
 
-def _initial_weights() -> List[np.ndarray]:
+def _worker_module():
     sys.path.insert(0, str(WORKER.parent))
     try:
         import distribute_worker
     finally:
         sys.path.pop(0)
-    return distribute_worker.initial_weights()
+    return distribute_worker
+
+
+def _initial_weights() -> List[np.ndarray]:
+    return _worker_module().initial_weights()
+
+
+def _load_forms(path: Path):
+    """The weights of each loop form (distribute_worker.train_every_form), and the facts."""
+    data = np.load(path)
+    facts = json.loads(str(data["facts"]))
+    weights = {form: [data[f"{form}_{i}"] for i in range(len(_initial_weights()))]
+               for form in _worker_module().LOOP_FORMS}
+    return weights, facts
 
 
 def _assert_same_training(got: List[np.ndarray], want: List[np.ndarray], what: str) -> None:
@@ -134,10 +147,11 @@ def single_device_run(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def single_device_loop_run(tmp_path_factory):
-    """The custom training loop on one device (the reference for the multi-worker run)."""
+    """The custom training loop, in each form, on one device (the reference for the
+    multi-worker run)."""
     out = tmp_path_factory.mktemp("loop") / "loop.npz"
     _run("loop", out)
-    return _load(out)
+    return _load_forms(out)
 
 
 def test_mirrored_strategy_on_two_cpus_trains_like_one_device(tmp_path, single_device_run):
@@ -152,9 +166,11 @@ def test_mirrored_strategy_on_two_cpus_trains_like_one_device(tmp_path, single_d
 
 def test_multi_worker_mirrored_strategy_two_processes_train_like_one(tmp_path,
                                                                     single_device_loop_run):
-    """Two workers on 127.0.0.1 run the custom loop of distribute_worker.py (Keras 3's
-    model.fit does not support MultiWorkerMirroredStrategy): after 8 steps both hold the same
-    weights, equal to the loop's single-process run on the same global batches."""
+    """Two workers on 127.0.0.1 run the custom loops of distribute_worker.py (Keras 3's
+    model.fit does not support MultiWorkerMirroredStrategy), one per form of docs/loss.md's
+    recipe: `custom_loss` + `tf.nn.compute_average_loss`, `reduced_custom_loss` and
+    `CustomLoss(reduction="sum")`. After 8 steps of each, both workers hold the same weights,
+    equal to the same loop's single-process run on the same global batches."""
     ports = _free_loopback_ports(2)
     cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
     outs = [tmp_path / f"worker{i}.npz" for i in range(2)]
@@ -168,15 +184,25 @@ def test_multi_worker_mirrored_strategy_two_processes_train_like_one(tmp_path,
     finally:
         for proc in procs:
             _stop(proc)
-    (w0, f0), (w1, f1) = _load(outs[0]), _load(outs[1])
+    (w0, f0), (w1, f1) = _load_forms(outs[0]), _load_forms(outs[1])
     assert f0["replicas"] == 2 and f1["replicas"] == 2, (f0, f1)
     assert {f0["task"]["index"], f1["task"]["index"]} == {0, 1}
-    # The workers apply the same all-reduced gradients: identical weights, bit for bit.
-    for i, (a, b) in enumerate(zip(w0, w1)):
-        np.testing.assert_array_equal(a, b, err_msg=f"weight {i} differs between the workers")
     want_weights, want_facts = single_device_loop_run
-    _assert_same_training(w0, want_weights, "MultiWorkerMirroredStrategy")
-    np.testing.assert_allclose(f0["losses"], want_facts["losses"], rtol=1e-5)
+    assert want_facts["replicas"] == 1, want_facts
+    for form in ("reduced", "keras_sum"):  # the recipe's forms compute one loss
+        _assert_same_training(want_weights[form], want_weights["average"], f"one process, {form} vs average")
+    for form in w0:
+        # The workers apply the same all-reduced gradients: identical weights, bit for bit.
+        for i, (a, b) in enumerate(zip(w0[form], w1[form])):
+            np.testing.assert_array_equal(a, b, err_msg=f"{form}: weight {i} differs between "
+                                                        "the workers")
+        _assert_same_training(w0[form], want_weights[form],
+                              f"MultiWorkerMirroredStrategy, {form}")
+        np.testing.assert_allclose(f0["losses"][form], want_facts["losses"][form], rtol=1e-5,
+                                   err_msg=form)
+    # The reduced forms make the gradient in the forward op; the average runs the gradient op.
+    for facts in (want_facts, f0, f1):
+        assert facts["gradient_ops"] == {"average": 1, "reduced": 0, "keras_sum": 0}, facts
 
 
 def test_mixed_float16_model_trains_with_custom_loss(tmp_path):

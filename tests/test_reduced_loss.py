@@ -19,6 +19,9 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+# Keras has no public setter of a tensor's mask. This module defines it; `keras.src.backend`
+# re-exports it up to Keras 3.15 but not in the 3.16 previews that TensorFlow 2.22 installs.
+from keras.src.backend.common.masking import set_keras_mask
 
 from portable_isa import run_on_portable_isa
 from raw_ops import NO_WEIGHTS, awkward_inputs, forward, gradient
@@ -180,7 +183,7 @@ def test_reduced_loss_equals_keras_reduction_with_a_keras_mask_over_sequences(re
         def with_mask(loss):
             def masked(y, z, sample_weight=None):
                 z = tf.identity(z)
-                keras.src.backend.set_keras_mask(z, mask)
+                set_keras_mask(z, mask)
                 return loss(y, z, sample_weight=sample_weight)
             return masked
 

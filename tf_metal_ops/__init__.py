@@ -17,8 +17,6 @@ from typing import Any
 
 from tf_metal_ops import _command_line, _native, reference
 
-_command_line.quiet_tensorflow_log_for_command()  # before _native.load() imports TensorFlow
-
 __version__ = "0.1.0"
 
 # The public names that need TensorFlow and the native library.
@@ -43,12 +41,13 @@ _NATIVE_API = (
 
 __all__ = sorted(_NATIVE_API) + ["reference"]
 
-try:
-    _native.load()
-except ImportError as _error:
-    _unavailable: "ImportError | None" = _error
-else:
-    _unavailable = None
+_unavailable: "ImportError | None" = None
+with _command_line.quiet_tensorflow_log_for_command():  # _native.load() imports TensorFlow
+    try:
+        _native.load()
+    except ImportError as _error:
+        _unavailable = _error
+if _unavailable is None:
     from tf_metal_ops import composed, debug, loss_path
     from tf_metal_ops._native import build_info
     from tf_metal_ops.compare import compare_devices, value_and_gradients

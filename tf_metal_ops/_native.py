@@ -21,7 +21,7 @@ from types import ModuleType
 from typing import Any, Dict, List, Optional, Tuple
 
 MIN_TENSORFLOW = (2, 16)  # the first TensorFlow with Keras 3
-NEWEST_TESTED_TENSORFLOW = (2, 21)
+NEWEST_TESTED_TENSORFLOW = (2, 22)  # the newest that tests/cross_version.sh runs
 LIBRARY_STEM = "_tf_metal_ops"
 COMMIT_AND_WAIT_ENV = "TF_METAL_OPS_COMMIT_AND_WAIT"
 # The ops the library registers (csrc/ops.cc), namespaced in TensorFlow's registry.
