@@ -27,7 +27,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_metal_ops.linear_cross_entropy import check_chunk_size, linear_cross_entropy
-from tf_metal_ops.loss_inputs import LossOptions, check_class_weights_values
+from tf_metal_ops.loss_inputs import LossOptions, check_class_weights_values, labels_are_dense
 from tf_metal_ops.ops import custom_loss, reduced_custom_loss
 
 try:  # Keras >= 3.6 keeps tensor attributes in its own table
@@ -105,7 +105,8 @@ class CustomLoss(keras.losses.Loss):
     from_logits=True, label_smoothing)` without Keras's clipping of `p` to `[1e-7, 1 - 1e-7]`.
 
     Labels may be class ids (`[batch, ...]` or `[batch, ..., 1]`, ints or whole floats) or
-    dense targets with the predictions' shape.
+    dense targets with the predictions' shape (floats, or integer one-hot rows), meaning the
+    same in every reduction (docs/loss.md, "Labels").
 
     Reduced (every reduction but `None`), the loss is `sum_i s_i * loss_i` with the weights
     `s_i` Keras's reduction gives each example (`1 / N` for the mean, times sample weights and
@@ -161,17 +162,24 @@ class CustomLoss(keras.losses.Loss):
         self.from_logits = bool(from_logits)
 
     def __call__(self, y_true: Any, y_pred: Any, sample_weight: Optional[Any] = None) -> Any:
-        if self.reduction in (None, "none"):
-            return super().__call__(y_true, y_pred, sample_weight=sample_weight)
-        loss_shape = tf.TensorShape(getattr(y_pred, "shape", np.shape(y_pred)))[:-1]
-        if loss_shape.rank == 0 or loss_shape.as_list() == [0]:
-            # Keras leaves a scalar or a statically empty loss unreduced: so do we.
-            return super().__call__(y_true, y_pred, sample_weight=sample_weight)
         in_mask = _get_keras_mask(y_pred)
         with tf.name_scope(self.name):
             predictions = keras.ops.convert_to_tensor(y_pred, dtype=self.dtype)
-            scales = self._row_scales(y_true, predictions, sample_weight, in_mask)
-            return reduced_custom_loss(y_true, self._logits(predictions), scales,
+            # The labels reach the loss as given, in every reduction: Keras's own
+            # `Loss.__call__` would convert them to the loss's dtype first, which rounds class
+            # ids (above 2048 in float16) and would let the reduction decide what integer
+            # labels mean (loss_inputs.labels_are_dense decides, for every entry point).
+            labels = tf.convert_to_tensor(y_true)
+            loss_shape = predictions.shape[:-1]
+            if (self.reduction in (None, "none") or loss_shape.rank == 0
+                    or loss_shape.as_list() == [0]):
+                # Per-example losses, or ones Keras leaves unreduced (a scalar, a statically
+                # empty batch): Keras's reduction applies the sample weights and masks.
+                losses = self.call(labels, predictions)
+                return self._keras_reduction(losses, _get_keras_mask(losses), in_mask,
+                                             sample_weight)
+            scales = self._row_scales(labels, predictions, sample_weight, in_mask)
+            return reduced_custom_loss(labels, self._logits(predictions), scales,
                                        **self._loss_options())
 
     def _logits(self, y_pred: tf.Tensor) -> tf.Tensor:
@@ -181,35 +189,40 @@ class CustomLoss(keras.losses.Loss):
         return dict(gamma=self.gamma, label_smoothing=self.label_smoothing,
                     class_weights=self.class_weights, ignore_class=self.ignore_class)
 
-    def _row_scales(self, y_true: Any, predictions: tf.Tensor, sample_weight: Optional[Any],
+    def _keras_reduction(self, values: tf.Tensor, mask: Optional[tf.Tensor],
+                         in_mask: Optional[tf.Tensor], sample_weight: Optional[Any]) -> tf.Tensor:
+        """Keras's own reduction of per-example values, with the predictions' mask."""
+        # A stand-in for the predictions carries their mask: Keras reads only that of them,
+        # and converting the real ones would cost a pass over N x C.
+        predictions_mask_carrier = tf.identity(values)
+        if in_mask is not None:
+            _set_keras_mask(predictions_mask_carrier, in_mask)
+        return _ReductionProbe(values, mask, self.reduction, self.dtype)(
+            predictions_mask_carrier, predictions_mask_carrier, sample_weight=sample_weight)
+
+    def _row_scales(self, labels: tf.Tensor, predictions: tf.Tensor, sample_weight: Optional[Any],
                     in_mask: Optional[tf.Tensor]) -> tf.Tensor:
         """d (Keras's reduction of the per-example losses) / d loss_i, for every example."""
         probe = tf.zeros(tf.shape(predictions)[:-1], self.dtype)
-        # The probe stands in for the predictions too, carrying their mask: Keras reads only
-        # that of them, and converting the real ones would cost a pass over N x C.
-        probe_predictions = tf.identity(probe)
-        if in_mask is not None:
-            _set_keras_mask(probe_predictions, in_mask)
         with tf.GradientTape() as tape:
             tape.watch(probe)
-            reduced = _ReductionProbe(probe, self._ignored_mask(y_true, probe), self.reduction,
-                                      self.dtype)(probe, probe_predictions,
-                                                  sample_weight=sample_weight)
+            reduced = self._keras_reduction(probe, self._ignored_mask(labels, predictions),
+                                            in_mask, sample_weight)
         scales = tape.gradient(reduced, probe)
         return tf.stop_gradient(tf.zeros_like(probe) if scales is None else scales)
 
-    def _ignored_mask(self, y_true: Any, losses: tf.Tensor) -> Optional[tf.Tensor]:
+    def _ignored_mask(self, labels: tf.Tensor, predictions: tf.Tensor) -> Optional[tf.Tensor]:
         """False for the examples labelled ignore_class: they drop out of the average too."""
         if self.ignore_class is None:
             return None
-        labels = tf.convert_to_tensor(y_true)
-        if labels.shape.rank == losses.shape.rank + 1:
+        labels_are_dense(labels, predictions, self.ignore_class)  # raises: ids only
+        if labels.shape.rank == predictions.shape.rank:
             labels = tf.squeeze(labels, axis=-1)
         return tf.not_equal(labels, tf.cast(self.ignore_class, labels.dtype))
 
     def call(self, y_true: tf.Tensor, y_pred: tf.Tensor) -> tf.Tensor:
         losses = custom_loss(y_true, self._logits(y_pred), **self._loss_options())
-        mask = self._ignored_mask(y_true, losses)
+        mask = self._ignored_mask(tf.convert_to_tensor(y_true), y_pred)
         if mask is not None:
             _set_keras_mask(losses, mask)
         return losses

@@ -132,30 +132,41 @@ def logits_tensor(logits: TensorLike) -> tf.Tensor:
     return tensor
 
 
-def labels_are_dense(labels: tf.Tensor, logits: Any) -> bool:
-    """Integer labels are class ids; float labels are dense rows when they have the logits' rank
-    (a trailing dimension of 1 beside more than one class means class ids, as Keras passes them)."""
-    if labels.dtype.is_integer:
-        return False
-    if not labels.dtype.is_floating:
+def labels_are_dense(labels: tf.Tensor, logits: Any, ignore_class: Optional[int] = None) -> bool:
+    """True for dense targets, False for class ids: the one rule for every entry point and
+    reduction, written out in docs/loss.md ("Labels"). Integer labels with the logits' full
+    shape and more than one class are dense (Keras's integer one-hot rows); `[..., 1]` labels
+    beside more than one class, or integer ones beside one class, are class ids. Raises for
+    `ignore_class` with dense targets."""
+    if not (labels.dtype.is_integer or labels.dtype.is_floating):
         raise TypeError(
-            f"labels must be integer class ids or floating-point targets, got dtype {labels.dtype.name}"
+            f"labels must be integer or floating point (class ids or dense targets), got dtype "
+            f"{labels.dtype.name}"
         )
     label_rank, logits_rank = labels.shape.rank, logits.shape.rank
     if label_rank is None or logits_rank is None:
         raise ValueError(
-            "custom_loss needs the rank of float labels and of logits to tell class ids from "
+            "custom_loss needs the rank of the labels and of the logits to tell class ids from "
             f"dense targets; got labels shape {labels.shape} and logits shape {logits.shape}"
         )
     if label_rank == logits_rank - 1:
-        return False
-    if label_rank == logits_rank:
-        return not (labels.shape[-1] == 1 and logits.shape[-1] != 1)
-    raise ValueError(
-        "labels must have shape logits.shape[:-1] (class ids, optionally with a trailing 1) or "
-        f"logits.shape (dense targets); got labels shape {labels.shape} and logits shape "
-        f"{logits.shape}"
-    )
+        dense = False
+    elif label_rank == logits_rank:
+        ids_in_last_dimension = labels.shape[-1] == 1 and (
+            labels.dtype.is_integer or logits.shape[-1] != 1)
+        dense = not ids_in_last_dimension
+    else:
+        raise ValueError(
+            "labels must have shape logits.shape[:-1] (class ids, optionally with a trailing 1) "
+            f"or logits.shape (dense targets); got labels shape {labels.shape} and logits shape "
+            f"{logits.shape}"
+        )
+    if dense and ignore_class is not None:
+        raise ValueError(
+            f"ignore_class={ignore_class} applies to class-id labels only, but labels of shape "
+            f"{labels.shape} beside logits of shape {logits.shape} are dense targets"
+        )
+    return dense
 
 
 def check_sparse_shape(labels: tf.Tensor, logits: Any) -> None:
@@ -229,8 +240,9 @@ def dense_labels(labels: tf.Tensor, logits: Any) -> tf.Tensor:
     """Dense targets in the logits' dtype, their shape checked against the logits'."""
     if not labels.shape.is_compatible_with(logits.shape):
         raise ValueError(
-            f"dense labels must have the logits' shape; got labels shape {labels.shape} and "
-            f"logits shape {logits.shape}"
+            "labels with the logits' rank must have the logits' shape (dense targets) or a last "
+            f"dimension of 1 (class ids); got labels shape {labels.shape} and logits shape "
+            f"{logits.shape}"
         )
     return tf.cast(labels, logits.dtype)
 
@@ -283,12 +295,7 @@ def prepare(labels: TensorLike, logits: Any, options: LossOptions,
     path checks them itself, and under XLA gives bad rows NaN instead.
     """
     labels_t = tf.convert_to_tensor(labels)
-    dense = labels_are_dense(labels_t, logits)
-    if dense and options.ignore_class is not None:
-        raise ValueError(
-            f"ignore_class={options.ignore_class} applies to class-id labels only, but the "
-            f"labels are dense targets (shape {labels_t.shape})"
-        )
+    dense = labels_are_dense(labels_t, logits, options.ignore_class)
     path, reason = loss_path.choose(placed_with)
     loss_path.record(path, reason)
     if dense:

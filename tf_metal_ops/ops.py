@@ -93,7 +93,8 @@ def custom_loss(
     Args:
         labels: class ids of shape `logits.shape[:-1]` (any integer dtype, or floats holding
             whole numbers; a trailing dimension of 1 is accepted), or dense targets of shape
-            `logits.shape` (a float dtype).
+            `logits.shape` (floats, or integer one-hot rows beside more than one class); the
+            rule is in docs/loss.md, "Labels".
         logits: unnormalized scores, `[..., C]`, float16, bfloat16, float32 or float64.
         gamma: focusing parameter, `>= 0`; 0 gives cross-entropy.
         label_smoothing: in `[0, 1]`.

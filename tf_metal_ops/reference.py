@@ -130,9 +130,10 @@ def _targets(labels: Any, logits_shape: Tuple[int, ...], eps: float,
              ignore_class: Optional[int]) -> Tuple[np.ndarray, np.ndarray]:
     """Returns (q, ignored): smoothed targets [N, C] and a mask [N] of ignored rows.
 
-    Label format rules: integer dtype -> sparse; float dtype with shape == logits.shape ->
-    dense; any other float -> sparse whole numbers. Sparse labels have shape
-    logits.shape[:-1], optionally with a trailing 1.
+    Label format rules (docs/loss.md, "Labels"): labels with shape == logits.shape are dense
+    targets, float or integer, except integer labels beside one class (shape [..., 1]), which
+    are class ids; any other labels are class ids (integers, or floats holding whole numbers)
+    of shape logits.shape[:-1], optionally with a trailing 1.
     """
     y = np.asarray(labels)
     num_classes = logits_shape[-1]
@@ -142,7 +143,8 @@ def _targets(labels: Any, logits_shape: Tuple[int, ...], eps: float,
     if y.dtype.kind == "b" or not (y.dtype.kind in "iu" or _is_float_dtype(y.dtype)):
         raise TypeError(f"labels must be integer or floating point; got dtype {y.dtype}")
 
-    if _is_float_dtype(y.dtype) and y.shape == tuple(logits_shape):
+    integer = y.dtype.kind in "iu"
+    if y.shape == tuple(logits_shape) and not (integer and num_classes == 1):
         # Dense targets (one-hot or probabilities).
         if ignore_class is not None:
             raise ValueError(
@@ -238,8 +240,8 @@ def custom_loss(labels: Any, logits: Any, *, gamma: float = 0.0,
 
     Args:
         labels: sparse class ids (integer dtype, or float holding whole numbers) of shape
-            `logits.shape[:-1]` (a trailing 1 is allowed), or dense float targets of shape
-            `logits.shape`.
+            `logits.shape[:-1]` (a trailing 1 is allowed), or dense targets of shape
+            `logits.shape` (floats, or integers beside more than one class).
         logits: float array of shape `[..., C]`, C >= 1 (any float dtype; used as float64).
         gamma: focal exponent, >= 0.
         label_smoothing: eps in [0, 1].
