@@ -228,7 +228,27 @@ def kernel_library_macro(precompiled: bool) -> tuple:
     return ("TF_METAL_OPS_KERNEL_LIBRARY", '"precompiled"' if precompiled else '"source"')
 
 
-class MetalBuildExt(build_ext):
+# The MSL emulator (csrc/emulator/: its runtime and the stand-in <metal_stdlib>) is package data:
+# metal_kernel compiles users' kernels against it at run time (tf_metal_ops/kernels.py finds it
+# as tf_metal_ops/emulator/ in an installed package, csrc/emulator/ in a checkout).
+EMULATOR_FILES = ("emulator.cc", "emulator.h", "kernel_entry.cc", "msl_host_runtime.h",
+                  "include/metal_stdlib")
+
+
+class PackagedBuildExt(build_ext):
+    """build_ext that also installs the MSL emulator's sources next to the library."""
+
+    def build_extension(self, ext) -> None:
+        if not self.inplace:
+            package_dir = Path(self.get_ext_fullpath(ext.name)).resolve().parent
+            for name in EMULATOR_FILES:
+                destination = package_dir / "emulator" / name
+                destination.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(ROOT / "csrc" / "emulator" / name, destination)
+        super().build_extension(ext)
+
+
+class MetalBuildExt(PackagedBuildExt):
     """build_ext that also compiles Objective-C++ (.mm, with ARC) and the Metal kernel library."""
 
     def build_extensions(self) -> None:
@@ -308,5 +328,5 @@ if __name__ == "__main__":
     ParallelCompile("TF_METAL_OPS_BUILD_JOBS").install()
     setup(
         ext_modules=[native_extension()],
-        cmdclass={"build_ext": MetalBuildExt if BUILD_METAL else build_ext},
+        cmdclass={"build_ext": MetalBuildExt if BUILD_METAL else PackagedBuildExt},
     )

@@ -23,7 +23,13 @@
 #include <regex>
 #include <sstream>
 
+#if defined(__APPLE__)
+#include <crt_externs.h>  // a bundle cannot link `environ` directly on macOS
+#define TFMO_ENVIRON (*_NSGetEnviron())
+#else
 extern char** environ;
+#define TFMO_ENVIRON environ
+#endif
 
 namespace tf_metal_ops {
 namespace {
@@ -129,7 +135,7 @@ int Run(const std::vector<std::string>& argv, const std::string& log) {
   posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   posix_spawn_file_actions_adddup2(&actions, 1, 2);
   pid_t pid = 0;
-  const int spawned = posix_spawnp(&pid, args[0], &actions, nullptr, args.data(), environ);
+  const int spawned = posix_spawnp(&pid, args[0], &actions, nullptr, args.data(), TFMO_ENVIRON);
   posix_spawn_file_actions_destroy(&actions);
   if (spawned != 0) {
     WriteFile(log, std::string("cannot start ") + argv[0] + ": " + std::strerror(spawned));

@@ -12,12 +12,13 @@ inline constexpr const char* kMetalKernelOpName = "TfMetalOps>MetalKernel";
 //   Tin, Tout        the inputs' and outputs' dtypes
 //   source           the generated MSL source, host block included
 //   kernel_name      the [[host_name]] the source registers
-//   grid             threads per grid (x, y, z), as dispatchThreads counts them
 //   threadgroup      threads per threadgroup (x, y, z)
 //   output_ranks     rank of each output; `output_shapes` holds their dims, concatenated
 //   shape_params     per input: which of its shape (1), strides (2), ndim (4) the kernel takes
 //   init_value, has_init_value   what the outputs hold before the kernel runs (else undefined)
-// Inputs: `inputs` (Tin), then `output_shapes` (int64, sum(output_ranks) values).
+// Inputs: `inputs` (Tin), `output_shapes` (int64, sum(output_ranks) values), then `grid`
+// (int64 [3]: threads per grid, as dispatchThreads counts them; an input, not an attribute, so
+// that it can follow a batch size known only at run time).
 inline constexpr int kShapeParamShape = 1;
 inline constexpr int kShapeParamStrides = 2;
 inline constexpr int kShapeParamNdim = 4;

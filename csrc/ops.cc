@@ -213,7 +213,6 @@ void RegisterMetalKernelOp() {
   TF_OpDefinitionBuilderAddAttr(op, (std::string("Tout: list(") + kTypes + ") >= 1").c_str());
   TF_OpDefinitionBuilderAddAttr(op, "source: string");
   TF_OpDefinitionBuilderAddAttr(op, "kernel_name: string");
-  TF_OpDefinitionBuilderAddAttr(op, "grid: list(int)");
   TF_OpDefinitionBuilderAddAttr(op, "threadgroup: list(int)");
   TF_OpDefinitionBuilderAddAttr(op, "output_ranks: list(int)");
   TF_OpDefinitionBuilderAddAttr(op, "shape_params: list(int)");
@@ -221,6 +220,7 @@ void RegisterMetalKernelOp() {
   TF_OpDefinitionBuilderAddAttr(op, "has_init_value: bool = false");
   TF_OpDefinitionBuilderAddInput(op, "inputs: Tin");
   TF_OpDefinitionBuilderAddInput(op, "output_shapes: int64");
+  TF_OpDefinitionBuilderAddInput(op, "grid: int64");
   TF_OpDefinitionBuilderAddOutput(op, "outputs: Tout");
   TF_OpDefinitionBuilderSetShapeInferenceFunction(op, &InferMetalKernelShape);
   Register(op, kMetalKernelOpName);

@@ -120,6 +120,33 @@ def _dims3(argument: str, value: Any, most: int) -> Tuple[int, int, int]:
     return tuple(dims)
 
 
+def _grid(value: Any) -> tf.Tensor:
+    """The grid as an int64 [3] tensor: ints are checked here, tensors (a size known only at
+    run time) where they are known, else by the op."""
+    if isinstance(value, (tf.Tensor, tf.Variable)):
+        if not value.dtype.is_integer or value.shape.rank != 1 or value.shape[0] != 3:
+            raise ValueError(f"grid must be 3 integers (x, y, z) or an int tensor of shape [3], "
+                             f"got {value!r}")
+        parts = [value[i] for i in range(3)]
+    elif isinstance(value, (list, tuple)) and len(value) == 3:
+        parts = list(value)
+    else:
+        raise ValueError(f"grid must be 3 integers (x, y, z), got {value!r}")
+    out = []
+    for axis, v in zip("xyz", parts):
+        if isinstance(v, (tf.Tensor, tf.Variable)):
+            if not v.dtype.is_integer or v.shape.rank != 0:
+                raise TypeError(f"grid.{axis} must be an integer, got {v!r}")
+            static = tf.get_static_value(v)
+            if static is not None:
+                _dims3("grid", [int(static) if a == axis else 1 for a in "xyz"], MAX_GRID)
+            out.append(tf.cast(v, tf.int64))
+        else:
+            out.append(tf.constant(_dims3("grid", [v if a == axis else 1 for a in "xyz"],
+                                          MAX_GRID)["xyz".index(axis)], tf.int64))
+    return tf.stack(out)
+
+
 def _template_value(name: str, value: Any) -> Tuple[str, str]:
     """(C++ parameter kind, MSL spelling) of one template value."""
     if isinstance(value, bool):
@@ -251,7 +278,8 @@ class MetalKernel:
             output_shapes: one shape per output name: a list of ints, or a 1-D int tensor
                 (so that a batch size known only at run time works inside `tf.function`).
             output_dtypes: one dtype per output name.
-            grid: threads per grid (x, y, z), as Metal's dispatchThreads counts them.
+            grid: threads per grid (x, y, z), as Metal's dispatchThreads counts them: ints,
+                int scalar tensors, or an int tensor of shape [3].
             threadgroup: threads per threadgroup (x, y, z), at most 1024 in all.
             template: (name, value) pairs, each value a dtype, an int or a bool.
             init_value: a number every output holds before the kernel runs; None: undefined.
@@ -267,7 +295,7 @@ class MetalKernel:
         dtypes = [_as_dtype(f"output_dtypes[{i}] ({n!r})", d)
                   for i, (n, d) in enumerate(zip(self.output_names, output_dtypes))]
         shapes, ranks, static_shapes = self._output_shapes(output_shapes)
-        grid = _dims3("grid", grid, MAX_GRID)
+        grid = _grid(grid)
         threadgroup = _dims3("threadgroup", threadgroup, MAX_THREADGROUP_THREADS)
         threads = threadgroup[0] * threadgroup[1] * threadgroup[2]
         if threads > MAX_THREADGROUP_THREADS:
@@ -285,8 +313,8 @@ class MetalKernel:
         if verbose:
             print(f"Generated source of metal_kernel {self.name!r}:\n{source}")
         outputs = _native.op_module().tf_metal_ops_metal_kernel(
-            inputs=inputs, output_shapes=shapes, Tout=dtypes, source=source,
-            kernel_name=kernel_name, grid=list(grid), threadgroup=list(threadgroup),
+            inputs=inputs, output_shapes=shapes, grid=grid, Tout=dtypes, source=source,
+            kernel_name=kernel_name, threadgroup=list(threadgroup),
             output_ranks=ranks, shape_params=self.shape_params,
             init_value=0.0 if init_value is None else float(init_value),
             has_init_value=init_value is not None)
@@ -322,9 +350,10 @@ class MetalKernel:
                                      f"{shape!r}")
                 vector = tf.cast(shape, tf.int64)
                 static = tf.get_static_value(vector)
-                statics.append(tf.TensorShape(None if static is None else [int(d) for d in static])
-                               if static is not None else tf.TensorShape([None] * shape.shape[0]))
-                ranks.append(int(shape.shape[0]))
+                rank = int(shape.shape[0])
+                statics.append(tf.TensorShape([None] * rank if static is None
+                                              else [int(d) for d in static]))
+                ranks.append(rank)
             else:
                 if not isinstance(shape, (list, tuple, tf.TensorShape)):
                     raise TypeError(f"{argument} must be a list of ints or an int tensor, got "

@@ -19,7 +19,7 @@ namespace {
 struct Attrs {
   std::string source;
   std::string kernel_name;
-  std::vector<int64_t> grid, threadgroup, output_ranks, shape_params;
+  std::vector<int64_t> threadgroup, output_ranks, shape_params;
   std::vector<TF_DataType> output_types;
   float init_value = 0;
   bool has_init_value = false;
@@ -50,7 +50,7 @@ Error ReadAttrs(TF_OpKernelConstruction* ctx, Attrs* a) {
                            std::pair{"kernel_name", &a->kernel_name}}) {
     if (Error e = ReadString(ctx, name, out); !e.ok()) return e;
   }
-  for (auto [name, out] : {std::pair{"grid", &a->grid}, std::pair{"threadgroup", &a->threadgroup},
+  for (auto [name, out] : {std::pair{"threadgroup", &a->threadgroup},
                            std::pair{"output_ranks", &a->output_ranks},
                            std::pair{"shape_params", &a->shape_params}}) {
     if (Error e = ReadInts(ctx, name, out); !e.ok()) return e;
@@ -69,19 +69,12 @@ Error ReadAttrs(TF_OpKernelConstruction* ctx, Attrs* a) {
   TF_OpKernelConstruction_GetAttrBool(ctx, "has_init_value", &has, status.get());
   if (Error e = FromStatus(status.get(), "has_init_value"); !e.ok()) return e;
   a->has_init_value = has != 0;
-  // The Python wrapper checks these where the user passes them; a raw op call is checked here.
-  auto dims_ok = [](const std::vector<int64_t>& v, int64_t most) {
-    if (v.size() != 3) return false;
-    for (int64_t d : v) {
-      if (d < 1 || d > most) return false;
-    }
-    return true;
-  };
-  if (!dims_ok(a->grid, 0xFFFFFFFFll) || !dims_ok(a->threadgroup, 1024) ||
-      a->threadgroup[0] * a->threadgroup[1] * a->threadgroup[2] > 1024) {
+  // The Python wrapper checks this where the user passes it; a raw op call is checked here.
+  const std::vector<int64_t>& tg = a->threadgroup;
+  if (tg.size() != 3 || tg[0] < 1 || tg[1] < 1 || tg[2] < 1 || tg[0] * tg[1] * tg[2] > 1024) {
     return Error::InvalidArgument(std::string(kMetalKernelOpName) +
-                                  ": grid needs 3 values in [1, 2^32 - 1] and threadgroup 3 "
-                                  "values of at most 1024 threads in all");
+                                  ": threadgroup needs 3 values >= 1, at most 1024 threads in "
+                                  "all, got " + ShapeString(tg));
   }
   if (a->output_ranks.size() != a->output_types.size()) {
     return Error::InvalidArgument(std::string(kMetalKernelOpName) +
@@ -129,9 +122,24 @@ struct ShapeBuffers {
 };
 
 Error Run(const Attrs& a, TF_OpKernelContext* ctx) {
-  const int num_inputs = TF_NumInputs(ctx) - 1;
-  TensorPtr shapes_tensor;
+  const int num_inputs = TF_NumInputs(ctx) - 2;
+  TensorPtr shapes_tensor, grid_tensor;
   if (Error e = GetInput(ctx, num_inputs, &shapes_tensor); !e.ok()) return e;
+  if (Error e = GetInput(ctx, num_inputs + 1, &grid_tensor); !e.ok()) return e;
+  if (TF_TensorElementCount(grid_tensor.get()) != 3 ||
+      TF_TensorType(grid_tensor.get()) != TF_INT64) {
+    return Error::InvalidArgument("metal_kernel '" + a.kernel_name +
+                                  "': grid must hold 3 int64 values, got shape " +
+                                  ShapeString(Dims(grid_tensor.get())));
+  }
+  const auto* grid_values = static_cast<const int64_t*>(TF_TensorData(grid_tensor.get()));
+  for (int d = 0; d < 3; ++d) {
+    if (grid_values[d] < 1 || grid_values[d] > 0xFFFFFFFFll) {
+      return Error::InvalidArgument("metal_kernel '" + a.kernel_name + "': grid." + "xyz"[d] +
+                                    " must be in [1, 4294967295], got " +
+                                    std::to_string(grid_values[d]));
+    }
+  }
   int64_t total_rank = 0;
   for (int64_t r : a.output_ranks) total_rank += r;
   if (TF_TensorElementCount(shapes_tensor.get()) != total_rank ||
@@ -206,9 +214,9 @@ Error Run(const Attrs& a, TF_OpKernelContext* ctx) {
   }
   uint32_t grid[3], threadgroup[3];
   for (int d = 0; d < 3; ++d) {
-    grid[d] = static_cast<uint32_t>(a.grid[d]);
-    // As Metal's dispatchThreads with a threadgroup larger than the grid: no empty threads.
-    threadgroup[d] = static_cast<uint32_t>(std::min(a.threadgroup[d], a.grid[d]));
+    grid[d] = static_cast<uint32_t>(grid_values[d]);
+    // A threadgroup larger than the grid is cut to it (MLX does the same before dispatching).
+    threadgroup[d] = static_cast<uint32_t>(std::min(a.threadgroup[d], grid_values[d]));
   }
   char error[1024] = {0};
   if (run(a.kernel_name.c_str(), grid, threadgroup, kEmulatedSimdWidth, buffers.data(),
