@@ -231,8 +231,7 @@ def kernel_library_macro(precompiled: bool) -> tuple:
 # The MSL emulator (csrc/emulator/: its runtime and the stand-in <metal_stdlib>) is package data:
 # metal_kernel compiles users' kernels against it at run time (tf_metal_ops/kernels.py finds it
 # as tf_metal_ops/emulator/ in an installed package, csrc/emulator/ in a checkout).
-EMULATOR_FILES = ("emulator.cc", "emulator.h", "kernel_entry.cc", "msl_host_runtime.h",
-                  "include/metal_stdlib")
+EMULATOR_DIR = ROOT / "csrc" / "emulator"
 
 
 class PackagedBuildExt(build_ext):
@@ -241,10 +240,10 @@ class PackagedBuildExt(build_ext):
     def build_extension(self, ext) -> None:
         if not self.inplace:
             package_dir = Path(self.get_ext_fullpath(ext.name)).resolve().parent
-            for name in EMULATOR_FILES:
-                destination = package_dir / "emulator" / name
+            for source in sorted(p for p in EMULATOR_DIR.rglob("*") if p.is_file()):
+                destination = package_dir / "emulator" / source.relative_to(EMULATOR_DIR)
                 destination.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(ROOT / "csrc" / "emulator" / name, destination)
+                shutil.copy2(source, destination)
         super().build_extension(ext)
 
 
