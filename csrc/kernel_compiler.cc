@@ -248,9 +248,11 @@ KernelCacheStats GetKernelCacheStats() {
 }
 
 std::string HostSource(const std::string& msl_source) {
-  // `threadgroup` opening a statement (after ; { } or a line break), up to the `;` that ends a
-  // declaration with no pointer, reference, call or initializer list in it.
-  static const std::regex declaration(R"((^|[;{}\n])([ \t]*)threadgroup\b(?=[^;(){}*&=]*;))");
+  // `threadgroup` opening a statement (after ; { } or a line break) and declaring objects:
+  // a type (no * or &: a pointer or reference only points into threadgroup memory), names, and
+  // array bounds, which may hold any expression.
+  static const std::regex declaration(
+      R"((^|[;{}\n])([ \t]*)threadgroup\b(?=\s+[\w:<>, ]+?\s+\w+\s*(\[[^\];]*\]\s*)*;))");
   return std::regex_replace(msl_source, declaration, "$1$2TFMO_THREADGROUP_STATIC");
 }
 

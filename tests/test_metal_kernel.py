@@ -192,10 +192,14 @@ def test_generated_signature(capsys):
 def test_threadgroup_declarations_become_shared():
     host = _native.runtime().kernel_host_source(
         "threadgroup float a[32];\n  threadgroup int total;\n"
-        "threadgroup float* p = a;\nvoid f(threadgroup float& r);\n")
+        "{threadgroup metal::vec<float, 4> v[2 * N][N + 1];}\n"
+        "threadgroup float* p = a;\nvoid f(threadgroup float& r);\n"
+        "threadgroup_barrier(mem_flags::mem_threadgroup);\n")
     assert host.splitlines() == [
         "TFMO_THREADGROUP_STATIC float a[32];", "  TFMO_THREADGROUP_STATIC int total;",
-        "threadgroup float* p = a;", "void f(threadgroup float& r);"]
+        "{TFMO_THREADGROUP_STATIC metal::vec<float, 4> v[2 * N][N + 1];}",
+        "threadgroup float* p = a;", "void f(threadgroup float& r);",
+        "threadgroup_barrier(mem_flags::mem_threadgroup);"]
 
 
 def test_second_call_compiles_nothing():
@@ -330,3 +334,33 @@ def test_bad_grid_tensor_is_checked_by_the_op():
 
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"grid.x must be in .*got 0"):
         run(tf.constant(0, tf.int64))
+
+
+def test_saved_model_carries_the_source(tmp_path, kernel_cache):
+    """A SavedModel holds the source, not a path: a fresh process with an empty cache loads it
+    and compiles the kernel from the graph alone, without calling metal_kernel."""
+    kernel = exp_kernel()
+
+    class Exp(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.float32)])
+        def __call__(self, x):
+            n = tf.size(x, out_type=tf.int64)
+            return kernel(inputs=[x], output_shapes=[tf.reshape(n, [1])],
+                          output_dtypes=[tf.float32], grid=(n, 1, 1), threadgroup=(64, 1, 1),
+                          template=[("T", tf.float32)])[0]
+
+    path = tmp_path / "model"
+    tf.saved_model.save(Exp(), str(path))
+    graph = (path / "saved_model.pb").read_bytes()
+    assert b"out[elem] = metal::exp(tmp);" in graph
+    assert str(kernel_cache).encode() not in graph
+    script = """
+import json, sys, tensorflow as tf, tf_metal_ops
+model = tf.saved_model.load(sys.argv[1])
+y = model(tf.constant([0.0, 1.0, -1.0]))
+print(json.dumps([tf_metal_ops.kernel_cache_info(), y.numpy().tolist()]))
+"""
+    out = run_python(script, str(path), env={"TF_METAL_OPS_CACHE_DIR": str(tmp_path / "cache")})
+    stats, values = json.loads(out.stdout.strip().splitlines()[-1])
+    assert stats["compiled"] == 1, stats
+    np.testing.assert_allclose(values, np.exp([0.0, 1.0, -1.0]), rtol=1e-6)
