@@ -36,6 +36,9 @@ namespace {
 
 // Bumped with any change to the flags or the layout below.
 constexpr const char* kCacheFormat = "tfmo-kernel-cache-1";
+// tfmo_kernel_entry_version() of csrc/emulator/kernel_entry.cc, whose arguments
+// KernelRunFunction mirrors.
+constexpr int kKernelEntryVersion = 2;
 
 const std::vector<std::string>& CompileFlags() {
   static const std::vector<std::string> flags = {
@@ -225,6 +228,11 @@ std::string Open(const std::string& path, KernelRunFunction* run) {
   // RTLD_LOCAL: the object's C++ runtime (possibly libc++) stays out of the global namespace.
   void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (handle == nullptr) return std::string("dlopen failed: ") + ::dlerror();
+  using VersionFunction = int (*)();
+  auto version = reinterpret_cast<VersionFunction>(::dlsym(handle, "tfmo_kernel_entry_version"));
+  if (version == nullptr || version() != kKernelEntryVersion) {
+    return path + " was built for another version of the emulator's entry point; delete it";
+  }
   *run = reinterpret_cast<KernelRunFunction>(::dlsym(handle, "tfmo_kernel_run"));
   if (*run == nullptr) return path + " has no tfmo_kernel_run";
   return "";  // the handle stays open for the life of the process

@@ -25,6 +25,7 @@ void SetKernelToolchain(KernelToolchain toolchain);
 // tfmo_kernel_run in csrc/emulator/kernel_entry.cc.
 using KernelRunFunction = int (*)(const char* name, const uint32_t* threads_per_grid,
                                   const uint32_t* threads_per_threadgroup, uint32_t simd_width,
+                                  int lockstep, uint64_t first_group, uint64_t end_group,
                                   void* const* buffers, size_t num_buffers, char* error,
                                   size_t error_size);
 

@@ -218,6 +218,7 @@ void RegisterMetalKernelOp() {
   TF_OpDefinitionBuilderAddAttr(op, "shape_params: list(int)");
   TF_OpDefinitionBuilderAddAttr(op, "init_value: float = 0.0");
   TF_OpDefinitionBuilderAddAttr(op, "has_init_value: bool = false");
+  TF_OpDefinitionBuilderAddAttr(op, "lockstep: bool = true");
   TF_OpDefinitionBuilderAddInput(op, "inputs: Tin");
   TF_OpDefinitionBuilderAddInput(op, "output_shapes: int64");
   TF_OpDefinitionBuilderAddInput(op, "grid: int64");

@@ -364,3 +364,25 @@ print(json.dumps([tf_metal_ops.kernel_cache_info(), y.numpy().tolist()]))
     stats, values = json.loads(out.stdout.strip().splitlines()[-1])
     assert stats["compiled"] == 1, stats
     np.testing.assert_allclose(values, np.exp([0.0, 1.0, -1.0]), rtol=1e-6)
+
+
+def test_large_barrier_free_grid_runs_as_plain_calls():
+    kernel = exp_kernel()
+    assert not kernel.lockstep
+    x = tf.random.stateless_uniform([2 ** 20], seed=[4, 5], minval=-5.0, maxval=5.0)
+    (y,) = kernel(inputs=[x], output_shapes=[[2 ** 20]], output_dtypes=[tf.float32],
+                  grid=(2 ** 20, 1, 1), threadgroup=(256, 1, 1), template=[("T", tf.float32)])
+    np.testing.assert_allclose(y.numpy(), tf.exp(x).numpy(), rtol=1e-6)
+
+
+def test_barrier_hidden_from_the_lockstep_check_fails_the_op():
+    """A barrier the source does not name (here built by a macro) cannot run as plain calls:
+    the op fails with a message instead of running threads that do not wait."""
+    header = "#define SYNC(space) space##_barrier(mem_flags::mem_threadgroup)"
+    kernel = tf_metal_ops.metal_kernel("hidden_barrier", [], ["out"],
+                                       "SYNC(threadgroup); out[0] = 1;", header=header)
+    assert not kernel.lockstep
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match="threadgroup_barrier called by a kernel run without lockstep"):
+        kernel(inputs=[], output_shapes=[[1]], output_dtypes=[tf.int32], grid=(2, 1, 1),
+               threadgroup=(2, 1, 1))

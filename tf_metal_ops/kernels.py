@@ -72,6 +72,9 @@ metal
 """.split()) | frozenset(name for name, _ in THREAD_ATTRIBUTES) | frozenset(
     UNSUPPORTED_ATTRIBUTES)
 
+# Calls that make threads wait for each other (barriers, SIMD-group and quad-group functions).
+LOCKSTEP_CALLS = r"\b(threadgroup_barrier|simdgroup_barrier|simd_\w+|quad_\w+)\s*\("
+
 MAX_GRID = 2 ** 32 - 1
 MAX_THREADGROUP_THREADS = 1024
 SHAPE_PARAMS = (("_shape", 1), ("_strides", 2), ("_ndim", 4))  # csrc/metal_kernel.h's bits
@@ -195,6 +198,8 @@ class MetalKernel:
         self.shape_params = [sum(bit for suffix, bit in SHAPE_PARAMS if _used(n + suffix, source))
                              for n in self.input_names]
         self.attributes = [(a, t) for a, t in THREAD_ATTRIBUTES if _used(a, source)]
+        # Whether the threads wait for each other; if not, the CPU runs them as plain calls.
+        self.lockstep = re.search(LOCKSTEP_CALLS, header + "\n" + source) is not None
         generated = {n + suffix for n in self.input_names for suffix, _ in SHAPE_PARAMS}
         seen = set()
         for argument, n in ([("input_names", n) for n in self.input_names]
@@ -317,7 +322,7 @@ class MetalKernel:
             kernel_name=kernel_name, threadgroup=list(threadgroup),
             output_ranks=ranks, shape_params=self.shape_params,
             init_value=0.0 if init_value is None else float(init_value),
-            has_init_value=init_value is not None)
+            has_init_value=init_value is not None, lockstep=self.lockstep)
         for out, static in zip(outputs, static_shapes):
             out.set_shape(static)
         return list(outputs)

@@ -4,10 +4,12 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "csrc/cpu/float_types.h"
+#include "csrc/cpu/parallel_for.h"
 #include "csrc/kernel_compiler.h"
 #include "csrc/metal_kernel.h"
 #include "csrc/problem.h"
@@ -16,6 +18,10 @@
 namespace tf_metal_ops {
 namespace {
 
+// What one GPU thread costs in ParallelFor's unit (elements touched): a guess for a small
+// body, so that a worker gets at least about a thousand GPU threads.
+constexpr int64_t kCostPerGpuThread = 64;
+
 struct Attrs {
   std::string source;
   std::string kernel_name;
@@ -23,6 +29,7 @@ struct Attrs {
   std::vector<TF_DataType> output_types;
   float init_value = 0;
   bool has_init_value = false;
+  bool lockstep = true;
 };
 
 Error ReadString(TF_OpKernelConstruction* ctx, const char* name, std::string* out) {
@@ -69,6 +76,9 @@ Error ReadAttrs(TF_OpKernelConstruction* ctx, Attrs* a) {
   TF_OpKernelConstruction_GetAttrBool(ctx, "has_init_value", &has, status.get());
   if (Error e = FromStatus(status.get(), "has_init_value"); !e.ok()) return e;
   a->has_init_value = has != 0;
+  TF_OpKernelConstruction_GetAttrBool(ctx, "lockstep", &has, status.get());
+  if (Error e = FromStatus(status.get(), "lockstep"); !e.ok()) return e;
+  a->lockstep = has != 0;
   // The Python wrapper checks this where the user passes it; a raw op call is checked here.
   const std::vector<int64_t>& tg = a->threadgroup;
   if (tg.size() != 3 || tg[0] < 1 || tg[1] < 1 || tg[2] < 1 || tg[0] * tg[1] * tg[2] > 1024) {
@@ -218,10 +228,25 @@ Error Run(const Attrs& a, TF_OpKernelContext* ctx) {
     // A threadgroup larger than the grid is cut to it (MLX does the same before dispatching).
     threadgroup[d] = static_cast<uint32_t>(std::min(a.threadgroup[d], grid_values[d]));
   }
-  char error[1024] = {0};
-  if (run(a.kernel_name.c_str(), grid, threadgroup, kEmulatedSimdWidth, buffers.data(),
-          buffers.size(), error, sizeof(error)) != 0) {
-    return Error::InvalidArgument("metal_kernel '" + a.kernel_name + "': " + error);
+  // Threadgroups run concurrently, as on a GPU: ranges of them on the package's thread pool.
+  int64_t groups = 1, threads_per_group = 1;
+  for (int d = 0; d < 3; ++d) {
+    groups *= (grid[d] + threadgroup[d] - 1) / threadgroup[d];
+    threads_per_group *= threadgroup[d];
+  }
+  std::mutex mu;
+  std::string first_error;
+  ParallelFor(groups, threads_per_group * kCostPerGpuThread, [&](int64_t begin, int64_t end) {
+    char error[1024] = {0};
+    if (run(a.kernel_name.c_str(), grid, threadgroup, kEmulatedSimdWidth, a.lockstep ? 1 : 0,
+            static_cast<uint64_t>(begin), static_cast<uint64_t>(end), buffers.data(),
+            buffers.size(), error, sizeof(error)) != 0) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (first_error.empty()) first_error = error;
+    }
+  });
+  if (!first_error.empty()) {
+    return Error::InvalidArgument("metal_kernel '" + a.kernel_name + "': " + first_error);
   }
   return Error::Ok();
 }

@@ -325,6 +325,18 @@ class FiberExecutor final : public Executor {
 
 thread_local FiberExecutor* FiberExecutor::current_ = nullptr;
 
+// ---- plain calls -------------------------------------------------------------------------------
+
+struct LockstepNeeded {
+  const char* what;
+};
+
+class DirectExecutor final : public Executor {
+ public:
+  void barrier(uint32_t) override { throw LockstepNeeded{"threadgroup_barrier"}; }
+  float simd(uint32_t, SimdOp op, float, uint32_t) override { throw LockstepNeeded{op_name(op)}; }
+};
+
 // ---- OS threads ------------------------------------------------------------------------------
 
 struct Abort {};  // unwinds a GPU thread when its threadgroup failed
@@ -576,13 +588,55 @@ std::string run_dispatch(const std::string& kernel_name, const Dispatch& d) {
   }
   uint32_t groups[3];
   threadgroup_grid(d, groups);
-  const uint64_t total = uint64_t{groups[0]} * groups[1] * groups[2];
-  if (total == 0) return "";
+  const uint64_t total =
+      std::min<uint64_t>(uint64_t{groups[0]} * groups[1] * groups[2], d.end_group);
+  if (d.first_group >= total) return "";
+
+  if (d.executor == ExecutorKind::kDirect) {
+    DirectExecutor direct;
+    Executor* saved = t_executor;
+    t_executor = &direct;
+    std::string error;
+    // The threads' ids are stepped along x, y, z rather than divided out of the linear index
+    // (make_ids): with a small body, the divisions would cost more than the kernel.
+    const uint32_t width_shift = static_cast<uint32_t>(__builtin_ctz(d.simd_width));
+    for (uint64_t linear = d.first_group; linear < total && error.empty(); ++linear) {
+      const Group g = group_at(d, groups, linear);
+      std::vector<float> memory = fresh_threadgroup_memory(d.threadgroup_memory_length);
+      t_group = linear;
+      ThreadIds ids = make_ids(d, groups, g, 0);
+      try {
+        uint32_t tid = 0;
+        for (uint32_t z = 0; z < g.threads[2]; ++z) {
+          for (uint32_t y = 0; y < g.threads[1]; ++y) {
+            for (uint32_t x = 0; x < g.threads[0]; ++x, ++tid) {
+              const uint32_t local[3] = {x, y, z};
+              for (int a = 0; a < 3; ++a) {
+                ids.thread_position[a] = local[a];
+                ids.grid_position[a] = g.position[a] * d.threads_per_threadgroup[a] + local[a];
+              }
+              ids.tid = tid;
+              ids.lane = tid & (d.simd_width - 1);
+              ids.sg_index = tid >> width_shift;
+              t_tid = tid;
+              kernel->invoke(d.buffers.data(), d.buffers.size(), memory.data(), ids);
+            }
+          }
+        }
+      } catch (const LockstepNeeded& needed) {
+        error = std::string(needed.what) +
+                " called by a kernel run without lockstep (its source names no barrier or "
+                "SIMD-group function; a macro may hide one)";
+      }
+    }
+    t_executor = saved;
+    return error;
+  }
 
   if (d.executor == ExecutorKind::kFibers) {
     // One executor per threadgroup size: the edge threadgroups of dispatchThreads are smaller.
     std::map<uint32_t, std::unique_ptr<FiberExecutor>> executors;
-    for (uint64_t linear = 0; linear < total; ++linear) {
+    for (uint64_t linear = d.first_group; linear < total; ++linear) {
       const Group g = group_at(d, groups, linear);
       std::unique_ptr<FiberExecutor>& executor = executors[g.count()];
       if (!executor) executor.reset(new FiberExecutor(g.count(), d.simd_width));
@@ -603,7 +657,7 @@ std::string run_dispatch(const std::string& kernel_name, const Dispatch& d) {
 
   // kThreads: batches of threadgroups, all their threads at once.
   const uint32_t batch = d.max_concurrent_threadgroups == 0 ? 1 : d.max_concurrent_threadgroups;
-  for (uint64_t start = 0; start < total; start += batch) {
+  for (uint64_t start = d.first_group; start < total; start += batch) {
     const uint64_t end = std::min<uint64_t>(total, start + batch);
     std::vector<std::unique_ptr<ThreadExecutor>> executors;
     std::vector<std::vector<float>> memories;

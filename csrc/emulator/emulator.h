@@ -26,7 +26,10 @@
 
 namespace msl_host {
 
-enum class ExecutorKind { kFibers = 0, kThreads = 1 };
+// kDirect: each thread's body is a plain call, one after another, for kernels that never wait
+// for each other (no barrier, no SIMD-group function: tf_metal_ops/kernels.py decides from the
+// source). A barrier or SIMD-group call under it fails the dispatch.
+enum class ExecutorKind { kFibers = 0, kThreads = 1, kDirect = 2 };
 
 struct Dispatch {
   uint32_t threadgroups_per_grid[3];    // ignored when threads_per_grid is set
@@ -39,6 +42,10 @@ struct Dispatch {
   std::vector<void*> buffers;           // [[buffer(i)]] = buffers[i]
   ExecutorKind executor = ExecutorKind::kFibers;
   uint32_t max_concurrent_threadgroups = 4;  // kThreads only
+  // The threadgroups to run, by linear index (x fastest): a caller may split a dispatch into
+  // ranges and run them on several OS threads at once, as a GPU runs threadgroups concurrently.
+  uint64_t first_group = 0;
+  uint64_t end_group = UINT64_MAX;
 };
 
 // The threadgroups a dispatch runs: threadgroups_per_grid, or what covers threads_per_grid.
