@@ -1,5 +1,10 @@
 // See emulator.h. Why two executors: fibers are what a GPU's lockstep looks like from one core
 // (cheap switches, deterministic order); OS threads are what ThreadSanitizer can reason about.
+#if defined(__APPLE__) && !defined(_XOPEN_SOURCE)
+// macOS declares its (deprecated, still working) ucontext functions only under X/Open.
+#define _XOPEN_SOURCE 700
+#endif
+
 #include "emulator.h"
 
 #include <ucontext.h>
