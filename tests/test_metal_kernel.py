@@ -386,3 +386,26 @@ def test_barrier_hidden_from_the_lockstep_check_fails_the_op():
                        match="threadgroup_barrier called by a kernel run without lockstep"):
         kernel(inputs=[], output_shapes=[[1]], output_dtypes=[tf.int32], grid=(2, 1, 1),
                threadgroup=(2, 1, 1))
+
+
+def test_float_atomics_and_max():
+    source = """
+        uint i = thread_position_in_grid.x;
+        atomic_fetch_add_explicit(&stats[0], x[i], memory_order_relaxed);
+        atomic_fetch_max_explicit(&stats[1], x[i], memory_order_relaxed);
+    """
+    kernel = tf_metal_ops.metal_kernel("float_stats", ["x"], ["stats"], source,
+                                       atomic_outputs=True)
+    x = tf.constant(np.random.default_rng(9).integers(-50, 50, size=300), tf.float32)
+    (stats,) = kernel(inputs=[x], output_shapes=[[2]], output_dtypes=[tf.float32],
+                      grid=(300, 1, 1), threadgroup=(64, 1, 1), init_value=-1000)
+    # Integer-valued floats: every order of the additions gives the exact sum.
+    np.testing.assert_array_equal(stats.numpy(), [np.sum(x.numpy()) - 1000, np.max(x.numpy())])
+
+
+def test_simd_function_on_another_type_is_a_compile_error_that_says_so():
+    kernel = tf_metal_ops.metal_kernel(
+        "half_sum", ["x"], ["out"], "out[0] = simd_sum(x[thread_position_in_grid.x]);")
+    with pytest.raises(tf.errors.InvalidArgumentError, match="simd_sum on float only"):
+        kernel(inputs=[tf.ones([32], tf.float16)], output_shapes=[[1]],
+               output_dtypes=[tf.float16], grid=(32, 1, 1), threadgroup=(32, 1, 1))
