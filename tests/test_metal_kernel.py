@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +20,9 @@ import tensorflow as tf
 import tf_metal_ops
 from tf_metal_ops import _native, kernels
 from child_python import run_python
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "msl_host"))
+import msl_build as mb  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs" / "kernels.md"
@@ -409,3 +413,33 @@ def test_simd_function_on_another_type_is_a_compile_error_that_says_so():
     with pytest.raises(tf.errors.InvalidArgumentError, match="simd_sum on float only"):
         kernel(inputs=[tf.ones([32], tf.float16)], output_shapes=[[1]],
                output_dtypes=[tf.float16], grid=(32, 1, 1), threadgroup=(32, 1, 1))
+
+
+def doc_kernel_sources():
+    return re.findall(r'source="""(.*?)"""', DOCS.read_text(), re.S)
+
+
+@pytest.mark.parametrize("example, msl_type", [(0, "float"), (0, "half"), (0, "bfloat"),
+                                               (1, "float")])
+def test_generated_source_passes_the_address_space_check(example, msl_type, tmp_path):
+    """The examples' generated sources, compiled by clang with device / constant / threadgroup
+    as distinct address spaces (as Metal has them); a mix-up is caught (the control)."""
+    clang = mb.find_clang()
+    assert clang, mb.missing_clang_message("the address-space check")
+    body = doc_kernel_sources()[example]
+    names, template = ((["inp"], ["out"]), [("T", "typename", msl_type)]) if example == 0 else \
+        ((["x"], ["total"]), [])
+    cases = [(body, True)]
+    if example == 1:  # the control: a device pointer where a threadgroup one is expected
+        cases.append((body.replace("acc += x[row * cols + c];",
+                                   "acc += x[row * cols + c]; threadgroup float* wrong = x;"),
+                      False))
+    for source, should_compile in cases:
+        kernel = tf_metal_ops.metal_kernel("checked", *names, source)
+        _, msl = kernel.generate([msl_type], [2], [msl_type], template)
+        path = tmp_path / f"generated_{should_compile}.metal"
+        path.write_text(_native.runtime().kernel_host_source(msl))
+        result = mb.address_space_compile(path, clang, tmp_path, ["-DTFMO_MSL_HOST"])
+        assert (result.returncode == 0) == should_compile, result.stderr
+        if not should_compile:
+            assert "threadgroup float *" in result.stderr and "device" in result.stderr
