@@ -53,10 +53,10 @@ def doc_examples():
     return [b for b in blocks if "assert" in b]
 
 
-@pytest.mark.parametrize("index", range(2))
+@pytest.mark.parametrize("index", range(3))
 def test_docs_example_runs(index):
     examples = doc_examples()
-    assert len(examples) == 2, "docs/kernels.md should hold the two checked examples"
+    assert len(examples) == 3, "docs/kernels.md should hold the three checked examples"
     exec(compile(examples[index], f"docs/kernels.md example {index}", "exec"), {})
 
 
