@@ -443,3 +443,22 @@ def test_generated_source_passes_the_address_space_check(example, msl_type, tmp_
         assert (result.returncode == 0) == should_compile, result.stderr
         if not should_compile:
             assert "threadgroup float *" in result.stderr and "device" in result.stderr
+
+
+@pytest.mark.parametrize("change, match", [
+    (dict(threadgroup=[2000, 1, 1]), "threadgroup needs 3 values >= 1, at most 1024"),
+    (dict(threadgroup=[2 ** 40, 2 ** 40, 1]), "threadgroup needs 3 values"),
+    (dict(output_shapes=tf.constant([-4], tf.int64)), r"output 0 has the shape \[-4\]"),
+    (dict(output_shapes=tf.constant([2 ** 62], tf.int64)), "too many bytes"),
+    (dict(output_shapes=tf.constant([4, 1], tf.int64)), "output_shapes holds 2 dims"),
+    (dict(grid=tf.constant([4, 1], tf.int64)), "grid must hold 3 int64 values"),
+])
+def test_raw_op_checks_what_the_wrapper_would(change, match):
+    """The op called directly (a hand-written graph) checks its own attributes and inputs."""
+    kernel = exp_kernel()
+    name, source = kernel.generate(["float"], [1], ["float"], [("T", "typename", "float")])
+    args = dict(inputs=[tf.ones([4])], output_shapes=tf.constant([4], tf.int64),
+                grid=tf.constant([4, 1, 1], tf.int64), Tout=[tf.float32], source=source,
+                kernel_name=name, threadgroup=[4, 1, 1], output_ranks=[1], shape_params=[0])
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match=match):
+        _native.op_module().tf_metal_ops_metal_kernel(**{**args, **change})

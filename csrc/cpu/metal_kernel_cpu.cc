@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -81,7 +82,9 @@ Error ReadAttrs(TF_OpKernelConstruction* ctx, Attrs* a) {
   a->lockstep = has != 0;
   // The Python wrapper checks this where the user passes it; a raw op call is checked here.
   const std::vector<int64_t>& tg = a->threadgroup;
-  if (tg.size() != 3 || tg[0] < 1 || tg[1] < 1 || tg[2] < 1 || tg[0] * tg[1] * tg[2] > 1024) {
+  const auto in_range = [](int64_t d) { return d >= 1 && d <= 1024; };
+  if (tg.size() != 3 || !in_range(tg[0]) || !in_range(tg[1]) || !in_range(tg[2]) ||
+      tg[0] * tg[1] * tg[2] > 1024) {
     return Error::InvalidArgument(std::string(kMetalKernelOpName) +
                                   ": threadgroup needs 3 values >= 1, at most 1024 threads in "
                                   "all, got " + ShapeString(tg));
@@ -205,10 +208,12 @@ Error Run(const Attrs& a, TF_OpKernelContext* ctx) {
     offset += a.output_ranks[o];
     int64_t count = 1;
     for (int64_t d : dims) {
-      if (d < 0) {
+      const int64_t limit = std::numeric_limits<int64_t>::max() /
+                            static_cast<int64_t>(TF_DataTypeSize(a.output_types[o]));
+      if (d < 0 || (d > 0 && count > limit / d)) {
         return Error::InvalidArgument("metal_kernel '" + a.kernel_name + "': output " +
-                                      std::to_string(o) + " has a negative dimension in " +
-                                      ShapeString(dims));
+                                      std::to_string(o) + " has the shape " + ShapeString(dims) +
+                                      " (a negative dimension, or too many bytes)");
       }
       count *= d;
     }
