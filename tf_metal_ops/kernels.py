@@ -14,6 +14,7 @@ import keyword
 import operator
 import os
 import re
+import tempfile
 from pathlib import Path
 from typing import Any, List, Optional, Sequence, Tuple
 
@@ -429,7 +430,12 @@ def cache_dir() -> Path:
     explicit = os.environ.get("TF_METAL_OPS_CACHE_DIR")
     if explicit:
         return Path(explicit)
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    base = os.environ.get("XDG_CACHE_HOME")
+    if not base:
+        try:
+            base = Path.home() / ".cache"
+        except RuntimeError:  # no home directory (some service accounts)
+            base = Path(tempfile.gettempdir()) / f"tf_metal_ops-{os.getuid()}"
     return Path(base) / "tf_metal_ops" / "kernels"
 
 
