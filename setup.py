@@ -131,7 +131,9 @@ def native_extension(
         "csrc/pending_errors.cc",
         "csrc/runtime.cc",
         "csrc/python_module.cc",
+        "csrc/kernel_compiler.cc",
         "csrc/cpu/custom_loss_cpu.cc",
+        "csrc/cpu/metal_kernel_cpu.cc",
         "csrc/cpu/add_into_cpu.cc",
         "csrc/cpu/linear_cross_entropy_cpu.cc",
         "csrc/cpu/gemm.cc",
@@ -226,7 +228,26 @@ def kernel_library_macro(precompiled: bool) -> tuple:
     return ("TF_METAL_OPS_KERNEL_LIBRARY", '"precompiled"' if precompiled else '"source"')
 
 
-class MetalBuildExt(build_ext):
+# The MSL emulator (csrc/emulator/: its runtime and the stand-in <metal_stdlib>) is package data:
+# metal_kernel compiles users' kernels against it at run time (tf_metal_ops/kernels.py finds it
+# as tf_metal_ops/emulator/ in an installed package, csrc/emulator/ in a checkout).
+EMULATOR_DIR = ROOT / "csrc" / "emulator"
+
+
+class PackagedBuildExt(build_ext):
+    """build_ext that also installs the MSL emulator's sources next to the library."""
+
+    def build_extension(self, ext) -> None:
+        if not self.inplace:
+            package_dir = Path(self.get_ext_fullpath(ext.name)).resolve().parent
+            for source in sorted(p for p in EMULATOR_DIR.rglob("*") if p.is_file()):
+                destination = package_dir / "emulator" / source.relative_to(EMULATOR_DIR)
+                destination.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(source, destination)
+        super().build_extension(ext)
+
+
+class MetalBuildExt(PackagedBuildExt):
     """build_ext that also compiles Objective-C++ (.mm, with ARC) and the Metal kernel library."""
 
     def build_extensions(self) -> None:
@@ -306,5 +327,5 @@ if __name__ == "__main__":
     ParallelCompile("TF_METAL_OPS_BUILD_JOBS").install()
     setup(
         ext_modules=[native_extension()],
-        cmdclass={"build_ext": MetalBuildExt if BUILD_METAL else build_ext},
+        cmdclass={"build_ext": MetalBuildExt if BUILD_METAL else PackagedBuildExt},
     )

@@ -1,6 +1,7 @@
 // Op definitions for CustomLoss and its gradient, with shape inference, for LinearCrossEntropy
-// and its gradient (csrc/linear_cross_entropy.h), and for AddInto (csrc/add_into.h), the
-// in-place sum of the composed chunked loss's kernel gradient.
+// and its gradient (csrc/linear_cross_entropy.h), for AddInto (csrc/add_into.h), the
+// in-place sum of the composed chunked loss's kernel gradient, and for MetalKernel
+// (csrc/metal_kernel.h), a user's own kernel.
 //
 // Registered from a static initializer: tf.load_op_library dlopens the library and collects the
 // ops registered while it loads (it does not call TF_InitKernel).
@@ -8,6 +9,7 @@
 
 #include "csrc/add_into.h"
 #include "csrc/linear_cross_entropy.h"
+#include "csrc/metal_kernel.h"
 #include "csrc/problem.h"
 #include "tensorflow/c/ops.h"
 
@@ -198,7 +200,34 @@ void RegisterOps() {
   Register(add_into, kAddIntoOpName);
 }
 
-const bool ops_registered = (RegisterOps(), true);
+// The outputs' shapes are the `output_shapes` input's values, known at run time; the Python
+// wrapper sets what it knows statically.
+void InferMetalKernelShape(TF_ShapeInferenceContext* ctx, TF_Status* status) {
+  TF_ShapeInferenceContextSetUnknownShape(ctx, status);
+}
+
+void RegisterMetalKernelOp() {
+  constexpr const char* kTypes = "{float, half, bfloat16, int32, int64, uint32, uint8, bool}";
+  TF_OpDefinitionBuilder* op = TF_NewOpDefinitionBuilder(kMetalKernelOpName);
+  TF_OpDefinitionBuilderAddAttr(op, (std::string("Tin: list(") + kTypes + ") >= 0").c_str());
+  TF_OpDefinitionBuilderAddAttr(op, (std::string("Tout: list(") + kTypes + ") >= 1").c_str());
+  TF_OpDefinitionBuilderAddAttr(op, "source: string");
+  TF_OpDefinitionBuilderAddAttr(op, "kernel_name: string");
+  TF_OpDefinitionBuilderAddAttr(op, "threadgroup: list(int)");
+  TF_OpDefinitionBuilderAddAttr(op, "output_ranks: list(int)");
+  TF_OpDefinitionBuilderAddAttr(op, "shape_params: list(int)");
+  TF_OpDefinitionBuilderAddAttr(op, "init_value: float = 0.0");
+  TF_OpDefinitionBuilderAddAttr(op, "has_init_value: bool = false");
+  TF_OpDefinitionBuilderAddAttr(op, "lockstep: bool = true");
+  TF_OpDefinitionBuilderAddInput(op, "inputs: Tin");
+  TF_OpDefinitionBuilderAddInput(op, "output_shapes: int64");
+  TF_OpDefinitionBuilderAddInput(op, "grid: int64");
+  TF_OpDefinitionBuilderAddOutput(op, "outputs: Tout");
+  TF_OpDefinitionBuilderSetShapeInferenceFunction(op, &InferMetalKernelShape);
+  Register(op, kMetalKernelOpName);
+}
+
+const bool ops_registered = (RegisterOps(), RegisterMetalKernelOp(), true);
 
 }  // namespace
 }  // namespace tf_metal_ops

@@ -22,6 +22,7 @@
 #include "csrc/cpu/parallel_for.h"
 #include "csrc/cpu/simd/rows_dispatch.h"
 #include "csrc/metal/error_record_slots.h"
+#include "csrc/kernel_compiler.h"
 #include "csrc/linear_cross_entropy.h"
 #include "csrc/pending_errors.h"
 #include "csrc/problem.h"
@@ -262,6 +263,27 @@ void DefineModule(py::module_& m) {
     return false;
 #endif
   });
+
+  // metal_kernel's CPU path (csrc/kernel_compiler.h); tf_metal_ops/kernels.py calls these.
+  m.def(
+      "set_kernel_toolchain",
+      [](std::vector<std::string> compiler, std::string missing_reason, std::string emulator_dir,
+         std::string cache_dir) {
+        SetKernelToolchain(KernelToolchain{std::move(compiler), std::move(missing_reason),
+                                           std::move(emulator_dir), std::move(cache_dir)});
+      },
+      py::arg("compiler"), py::arg("missing_reason"), py::arg("emulator_dir"),
+      py::arg("cache_dir"));
+  m.def("kernel_cache_stats", [] {
+    const KernelCacheStats stats = GetKernelCacheStats();
+    py::dict out;
+    out["compiled"] = stats.compiled;
+    out["from_disk"] = stats.from_disk;
+    out["in_memory"] = stats.in_memory;
+    out["compiler"] = stats.compiler;
+    return out;
+  });
+  m.def("kernel_host_source", &HostSource, py::arg("msl_source"));
 
   m.def("get_commit_mode", [] {
     return GetCommitMode() == CommitMode::kCommitAndWait ? "commit_and_wait" : "commit";

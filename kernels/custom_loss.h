@@ -47,7 +47,7 @@
 #include "custom_loss_math.h"
 #include "custom_loss_params.h"
 
-// Hooks with a Metal default: the Linux shim (tests/msl_host/include/metal_stdlib) defines them
+// Hooks with a Metal default: the Linux shim (csrc/emulator/include/metal_stdlib) defines them
 // first. Instantiation registers each kernel under its host_name there; the [[threadgroup(i)]]
 // attribute is the one MSL spelling the C++ preprocessor cannot take, because the shim defines
 // `threadgroup` as an address-space macro.

@@ -749,7 +749,7 @@ def test_msl_kernel_signatures_bind_buffers_by_position():
             assert params.index("TFMO_THREADGROUP_ARG") > params.rindex("[[buffer(")
     macro = re.search(r"#define TFMO_KERNEL_THREAD_ARGS(.*?)\n\n", header, re.S).group(1)
     kernel_order = re.findall(r"\[\[(\w+)\]\]", macro)
-    runtime = (REPO / "tests" / "msl_host" / "msl_host_runtime.h").read_text()
+    runtime = (REPO / "csrc" / "emulator" / "msl_host_runtime.h").read_text()
     ids = re.search(r"struct ThreadIds \{(.*?)\};", runtime, re.S).group(1)
     emulator_order = re.findall(r"// \[\[(\w+)\]\]", ids)
     assert kernel_order == emulator_order and len(kernel_order) == 8

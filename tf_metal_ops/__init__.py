@@ -30,9 +30,11 @@ _NATIVE_API = (
     "custom_loss",
     "get_commit_mode",
     "get_cpu_threads",
+    "kernel_cache_info",
     "linear_cross_entropy",
     "loss_path_info",
     "metal_available",
+    "metal_kernel",
     "reduced_custom_loss",
     "set_commit_mode",
     "set_cpu_threads",
@@ -52,6 +54,7 @@ if _unavailable is None:
     from tf_metal_ops._native import build_info
     from tf_metal_ops.compare import compare_devices, value_and_gradients
     from tf_metal_ops.keras import CustomLoss, LinearCrossEntropyHead, PerTokenLoss
+    from tf_metal_ops.kernels import kernel_cache_info, metal_kernel
     from tf_metal_ops.linear_cross_entropy import linear_cross_entropy
     from tf_metal_ops.loss_path import loss_path_info
     from tf_metal_ops.ops import custom_loss, reduced_custom_loss

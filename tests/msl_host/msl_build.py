@@ -34,7 +34,8 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-SHIM_INCLUDE = HERE / "include"
+EMULATOR = REPO / "csrc" / "emulator"
+SHIM_INCLUDE = EMULATOR / "include"
 KERNEL_SOURCE = REPO / "kernels" / "custom_loss.metal"
 SYNC_EXAMPLES = HERE / "sync_examples.metal"
 KERNEL_INPUTS = [
@@ -45,10 +46,10 @@ KERNEL_INPUTS = [
     REPO / "csrc" / "loss_kinds.h",
     REPO / "csrc" / "metal" / "launch_plan.h",
     REPO / "csrc" / "metal" / "launch_plan.cc",
-    HERE / "include" / "metal_stdlib",
-    HERE / "msl_host_runtime.h",
-    HERE / "emulator.h",
-    HERE / "emulator.cc",
+    EMULATOR / "include" / "metal_stdlib",
+    EMULATOR / "msl_host_runtime.h",
+    EMULATOR / "emulator.h",
+    EMULATOR / "emulator.cc",
     HERE / "memory_traffic.h",
     HERE / "memory_traffic.cc",
     HERE / "custom_loss_case.h",
@@ -60,7 +61,7 @@ KERNEL_INPUTS = [
 ]
 
 COMMON_FLAGS = ["-std=c++17", "-Wall", "-Wextra", "-Wno-unused-parameter", "-I", str(REPO),
-                "-I", str(HERE)]
+                "-I", str(HERE), "-I", str(EMULATOR)]
 # How the shim compiles a .metal file: as C++, with __METAL__ (custom_loss_params.h's Metal
 # branch) and the shim's <metal_stdlib> first on the include path. MSL attributes such as
 # [[buffer(0)]] are unknown to a C++ compiler, which ignores them (warning silenced).
@@ -106,33 +107,28 @@ class Clang:
         return f"{self.version} ({self.origin}: {' '.join(self.command)})"
 
 
-def _system_clang() -> Optional[tuple]:
-    """$TF_METAL_OPS_CLANG, else the newest versioned clang++ (Debian's clang-N), else
-    clang++ on PATH (Apple's on macOS)."""
-    explicit = os.environ.get("TF_METAL_OPS_CLANG")
-    if explicit == "ziglang":  # the wheel's even where a system clang is installed
-        return None
-    if explicit:
-        found = shutil.which(explicit) or (explicit if Path(explicit).exists() else None)
-        return (found, "$TF_METAL_OPS_CLANG") if found else None
-    for version in range(30, 13, -1):
-        for name in (f"clang++-{version}", f"/usr/lib/llvm-{version}/bin/clang++"):
-            found = shutil.which(name)
-            if found:
-                return found, "system"
-    found = shutil.which("clang++")
-    return (found, "system") if found else None
+def _load_toolchain():
+    """tf_metal_ops/_toolchain.py, loaded by path: importing the package would load TensorFlow."""
+    spec = importlib.util.spec_from_file_location("tfmo_toolchain",
+                                                  REPO / "tf_metal_ops" / "_toolchain.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+toolchain = _load_toolchain()
 
 
 @functools.lru_cache(maxsize=None)
 def find_clang() -> Optional[Clang]:
     """The clang++ the checks use: a system one where there is one, the ziglang wheel's
     otherwise (or where $TF_METAL_OPS_CLANG is "ziglang"); None when neither is installed."""
-    system = _system_clang()
+    system = toolchain.system_clang()
+    zig = toolchain.ziglang_command()
     if system is not None:
         command, origin = (system[0],), system[1]
-    elif importlib.util.find_spec("ziglang") is not None:
-        command, origin = (sys.executable, "-m", "ziglang", "c++"), "ziglang wheel"
+    elif zig is not None:
+        command, origin = zig, "ziglang wheel"
     else:
         return None
     return Clang(command, origin, _compiler_id(command))
@@ -204,7 +200,7 @@ def _object_jobs(flags: List[str], out_dir: Path, with_main: bool) -> List[List[
                                                     "-c", "-o", str(out_dir / "kernels.o")],
         flags + ["-Wno-attributes"] + METAL_AS_CXX + [str(SYNC_EXAMPLES), "-x", "none",
                                                     "-c", "-o", str(out_dir / "examples.o")],
-        flags + ["-c", str(HERE / "emulator.cc"), "-o", str(out_dir / "emulator.o")],
+        flags + ["-c", str(EMULATOR / "emulator.cc"), "-o", str(out_dir / "emulator.o")],
         flags + ["-c", str(HERE / "memory_traffic.cc"), "-o", str(out_dir / "traffic.o")],
         flags + ["-c", str(HERE / "custom_loss_driver.cc"), "-o", str(out_dir / "driver.o")],
         flags + ["-c", str(REPO / "csrc" / "metal" / "launch_plan.cc"),

@@ -2,8 +2,8 @@
 // kernels see, and the emulator that runs them (emulator.cc). Plain C++17: no Metal spellings
 // here, because the shim defines `device`, `constant`, `threadgroup` and `thread` as macros
 // right after including this header.
-#ifndef TF_METAL_OPS_TESTS_MSL_HOST_MSL_HOST_RUNTIME_H_
-#define TF_METAL_OPS_TESTS_MSL_HOST_MSL_HOST_RUNTIME_H_
+#ifndef TF_METAL_OPS_CSRC_EMULATOR_MSL_HOST_RUNTIME_H_
+#define TF_METAL_OPS_CSRC_EMULATOR_MSL_HOST_RUNTIME_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -22,6 +22,17 @@ struct ThreadIds {
   uint32_t simd_width;   // [[threads_per_simdgroup]]
   uint32_t sg_index;     // [[simdgroup_index_in_threadgroup]]
   uint32_t sg_count;     // [[simdgroups_per_threadgroup]]
+  // The 3-D positions a generated kernel (tf_metal_ops.metal_kernel) asks for by attribute name:
+  // thread_position_in_grid, threads_per_grid, threadgroup_position_in_grid,
+  // threadgroups_per_grid, threads_per_threadgroup (this threadgroup's own size, smaller at the
+  // far edge of a grid that the threadgroup size does not divide, as with dispatchThreads) and
+  // thread_position_in_threadgroup, in that order.
+  uint32_t grid_position[3];
+  uint32_t grid_threads[3];
+  uint32_t group_position[3];
+  uint32_t group_count[3];
+  uint32_t group_threads[3];
+  uint32_t thread_position[3];
 };
 
 // Calls one kernel for one GPU thread. `buffers[i]` is what the host bound at [[buffer(i)]];
@@ -51,4 +62,4 @@ uint64_t current_threadgroup();
 
 }  // namespace msl_host
 
-#endif  // TF_METAL_OPS_TESTS_MSL_HOST_MSL_HOST_RUNTIME_H_
+#endif  // TF_METAL_OPS_CSRC_EMULATOR_MSL_HOST_RUNTIME_H_

@@ -1,5 +1,10 @@
 // See emulator.h. Why two executors: fibers are what a GPU's lockstep looks like from one core
 // (cheap switches, deterministic order); OS threads are what ThreadSanitizer can reason about.
+#if defined(__APPLE__) && !defined(_XOPEN_SOURCE)
+// macOS declares its (deprecated, still working) ucontext functions only under X/Open.
+#define _XOPEN_SOURCE 700
+#endif
+
 #include "emulator.h"
 
 #include <ucontext.h>
@@ -325,6 +330,18 @@ class FiberExecutor final : public Executor {
 
 thread_local FiberExecutor* FiberExecutor::current_ = nullptr;
 
+// ---- plain calls -------------------------------------------------------------------------------
+
+struct LockstepNeeded {
+  const char* what;
+};
+
+class DirectExecutor final : public Executor {
+ public:
+  void barrier(uint32_t) override { throw LockstepNeeded{"threadgroup_barrier"}; }
+  float simd(uint32_t, SimdOp op, float, uint32_t) override { throw LockstepNeeded{op_name(op)}; }
+};
+
 // ---- OS threads ------------------------------------------------------------------------------
 
 struct Abort {};  // unwinds a GPU thread when its threadgroup failed
@@ -477,20 +494,56 @@ class ThreadExecutor final : public Executor {
   char barrier_sync_[2] = {0, 0};  // addresses for TSan's acquire / release only
 };
 
-ThreadIds make_ids(const Dispatch& d, uint32_t gx, uint32_t gy, uint32_t tid) {
+// Where one threadgroup sits in the dispatch, and how many threads it has on each axis.
+struct Group {
+  uint32_t position[3];
+  uint32_t threads[3];
+  uint32_t count() const { return threads[0] * threads[1] * threads[2]; }
+};
+
+ThreadIds make_ids(const Dispatch& d, const uint32_t groups[3], const Group& g, uint32_t tid) {
   ThreadIds ids;
-  ids.tg_pos[0] = gx;
-  ids.tg_pos[1] = gy;
-  ids.tg_count[0] = d.threadgroups_per_grid[0];
-  ids.tg_count[1] = d.threadgroups_per_grid[1];
+  ids.tg_pos[0] = g.position[0];
+  ids.tg_pos[1] = g.position[1];
+  ids.tg_count[0] = groups[0];
+  ids.tg_count[1] = groups[1];
   ids.tg_size[0] = d.threads_per_threadgroup[0];
   ids.tg_size[1] = d.threads_per_threadgroup[1];
   ids.tid = tid;
   ids.lane = tid % d.simd_width;
   ids.simd_width = d.simd_width;
   ids.sg_index = tid / d.simd_width;
-  ids.sg_count = (d.threads_per_threadgroup[0] + d.simd_width - 1) / d.simd_width;
+  ids.sg_count = (g.count() + d.simd_width - 1) / d.simd_width;
+  const uint32_t local[3] = {tid % g.threads[0], (tid / g.threads[0]) % g.threads[1],
+                             tid / (g.threads[0] * g.threads[1])};
+  const bool by_threads = d.threads_per_grid[0] != 0;
+  for (int a = 0; a < 3; ++a) {
+    ids.thread_position[a] = local[a];
+    ids.group_position[a] = g.position[a];
+    ids.group_count[a] = groups[a];
+    ids.group_threads[a] = g.threads[a];
+    ids.grid_position[a] = g.position[a] * d.threads_per_threadgroup[a] + local[a];
+    ids.grid_threads[a] =
+        by_threads ? d.threads_per_grid[a] : groups[a] * d.threads_per_threadgroup[a];
+  }
   return ids;
+}
+
+// Threadgroup `linear` of the dispatch (x fastest), cut at the grid's edge under dispatchThreads.
+Group group_at(const Dispatch& d, const uint32_t groups[3], uint64_t linear) {
+  Group g;
+  g.position[0] = static_cast<uint32_t>(linear % groups[0]);
+  g.position[1] = static_cast<uint32_t>((linear / groups[0]) % groups[1]);
+  g.position[2] = static_cast<uint32_t>(linear / (uint64_t{groups[0]} * groups[1]));
+  for (int a = 0; a < 3; ++a) {
+    g.threads[a] = d.threads_per_threadgroup[a];
+    if (d.threads_per_grid[0] != 0) {
+      const uint64_t first = uint64_t{g.position[a]} * d.threads_per_threadgroup[a];
+      g.threads[a] = static_cast<uint32_t>(
+          std::min<uint64_t>(g.threads[a], d.threads_per_grid[a] - first));
+    }
+  }
+  return g;
 }
 
 // Fresh threadgroup memory is filled with NaN bytes: a kernel that reads scratch it did not
@@ -511,6 +564,16 @@ float simd_collective(SimdOp op, float value, uint32_t arg) {
   return t_executor->simd(t_tid, op, value, arg);
 }
 
+void threadgroup_grid(const Dispatch& d, uint32_t groups[3]) {
+  for (int a = 0; a < 3; ++a) {
+    groups[a] = d.threads_per_grid[0] == 0
+                    ? d.threadgroups_per_grid[a]
+                    : static_cast<uint32_t>((uint64_t{d.threads_per_grid[a]} +
+                                             d.threads_per_threadgroup[a] - 1) /
+                                            d.threads_per_threadgroup[a]);
+  }
+}
+
 std::string run_dispatch(const std::string& kernel_name, const Dispatch& d) {
   const KernelEntry* kernel = find_kernel(kernel_name);
   if (kernel == nullptr) return "no kernel registered as '" + kernel_name + "'";
@@ -521,31 +584,77 @@ std::string run_dispatch(const std::string& kernel_name, const Dispatch& d) {
            std::to_string(d.buffers.size()) + " buffers and " +
            (d.threadgroup_memory_length > 0 ? "threadgroup memory" : "no threadgroup memory");
   }
-  if (d.threads_per_threadgroup[1] != 1 || d.threads_per_threadgroup[2] != 1 ||
-      d.threads_per_threadgroup[0] == 0) {
-    return "only 1-D threadgroups are emulated";
+  const uint32_t* tg = d.threads_per_threadgroup;
+  if (tg[0] == 0 || tg[1] == 0 || tg[2] == 0 || uint64_t{tg[0]} * tg[1] * tg[2] > 1024) {
+    return "a threadgroup must have 1 to 1024 threads";
   }
   if (d.simd_width == 0 || (d.simd_width & (d.simd_width - 1)) != 0) {
     return "SIMD width must be a power of two";
   }
-  const uint32_t threads = d.threads_per_threadgroup[0];
-  const uint64_t groups = uint64_t{d.threadgroups_per_grid[0]} * d.threadgroups_per_grid[1] *
-                          d.threadgroups_per_grid[2];
-  if (groups == 0) return "";
-  if (d.threadgroups_per_grid[2] != 1) return "only 2-D grids are emulated";
+  uint32_t groups[3];
+  threadgroup_grid(d, groups);
+  const uint64_t total =
+      std::min<uint64_t>(uint64_t{groups[0]} * groups[1] * groups[2], d.end_group);
+  if (d.first_group >= total) return "";
+
+  if (d.executor == ExecutorKind::kDirect) {
+    DirectExecutor direct;
+    Executor* saved = t_executor;
+    t_executor = &direct;
+    std::string error;
+    // The threads' ids are stepped along x, y, z rather than divided out of the linear index
+    // (make_ids): with a small body, the divisions would cost more than the kernel.
+    const uint32_t width_shift = static_cast<uint32_t>(__builtin_ctz(d.simd_width));
+    for (uint64_t linear = d.first_group; linear < total && error.empty(); ++linear) {
+      const Group g = group_at(d, groups, linear);
+      std::vector<float> memory = fresh_threadgroup_memory(d.threadgroup_memory_length);
+      t_group = linear;
+      ThreadIds ids = make_ids(d, groups, g, 0);
+      try {
+        uint32_t tid = 0;
+        for (uint32_t z = 0; z < g.threads[2]; ++z) {
+          for (uint32_t y = 0; y < g.threads[1]; ++y) {
+            for (uint32_t x = 0; x < g.threads[0]; ++x, ++tid) {
+              const uint32_t local[3] = {x, y, z};
+              for (int a = 0; a < 3; ++a) {
+                ids.thread_position[a] = local[a];
+                ids.grid_position[a] = g.position[a] * d.threads_per_threadgroup[a] + local[a];
+              }
+              ids.tid = tid;
+              ids.lane = tid & (d.simd_width - 1);
+              ids.sg_index = tid >> width_shift;
+              t_tid = tid;
+              kernel->invoke(d.buffers.data(), d.buffers.size(), memory.data(), ids);
+            }
+          }
+        }
+      } catch (const LockstepNeeded& needed) {
+        error = std::string(needed.what) +
+                " called by a kernel run without lockstep (its source names no barrier or "
+                "SIMD-group function; a macro may hide one)";
+      }
+    }
+    t_executor = saved;
+    return error;
+  }
 
   if (d.executor == ExecutorKind::kFibers) {
-    FiberExecutor executor(threads, d.simd_width);
-    for (uint32_t gy = 0; gy < d.threadgroups_per_grid[1]; ++gy) {
-      for (uint32_t gx = 0; gx < d.threadgroups_per_grid[0]; ++gx) {
-        std::vector<float> tg = fresh_threadgroup_memory(d.threadgroup_memory_length);
-        t_group = uint64_t{gy} * d.threadgroups_per_grid[0] + gx;
-        std::string error = executor.run([&](uint32_t tid) {
-          kernel->invoke(d.buffers.data(), d.buffers.size(), tg.data(), make_ids(d, gx, gy, tid));
-        });
-        if (!error.empty()) {
-          return "threadgroup (" + std::to_string(gx) + ", " + std::to_string(gy) + "): " + error;
-        }
+    // One executor per threadgroup size: the edge threadgroups of dispatchThreads are smaller.
+    std::map<uint32_t, std::unique_ptr<FiberExecutor>> executors;
+    for (uint64_t linear = d.first_group; linear < total; ++linear) {
+      const Group g = group_at(d, groups, linear);
+      std::unique_ptr<FiberExecutor>& executor = executors[g.count()];
+      if (!executor) executor.reset(new FiberExecutor(g.count(), d.simd_width));
+      std::vector<float> memory = fresh_threadgroup_memory(d.threadgroup_memory_length);
+      t_group = linear;
+      std::string error = executor->run([&](uint32_t tid) {
+        kernel->invoke(d.buffers.data(), d.buffers.size(), memory.data(),
+                       make_ids(d, groups, g, tid));
+      });
+      if (!error.empty()) {
+        return "threadgroup (" + std::to_string(g.position[0]) + ", " +
+               std::to_string(g.position[1]) + ", " + std::to_string(g.position[2]) +
+               "): " + error;
       }
     }
     return "";
@@ -553,27 +662,28 @@ std::string run_dispatch(const std::string& kernel_name, const Dispatch& d) {
 
   // kThreads: batches of threadgroups, all their threads at once.
   const uint32_t batch = d.max_concurrent_threadgroups == 0 ? 1 : d.max_concurrent_threadgroups;
-  for (uint64_t start = 0; start < groups; start += batch) {
-    const uint64_t end = std::min<uint64_t>(groups, start + batch);
+  for (uint64_t start = d.first_group; start < total; start += batch) {
+    const uint64_t end = std::min<uint64_t>(total, start + batch);
     std::vector<std::unique_ptr<ThreadExecutor>> executors;
     std::vector<std::vector<float>> memories;
     std::vector<std::thread> workers;
-    for (uint64_t g = start; g < end; ++g) {
-      executors.emplace_back(new ThreadExecutor(threads, d.simd_width));
+    for (uint64_t linear = start; linear < end; ++linear) {
+      executors.emplace_back(new ThreadExecutor(group_at(d, groups, linear).count(),
+                                                d.simd_width));
       memories.push_back(fresh_threadgroup_memory(d.threadgroup_memory_length));
     }
-    for (uint64_t g = start; g < end; ++g) {
-      ThreadExecutor* executor = executors[g - start].get();
-      float* tg = memories[g - start].data();
-      const uint32_t gx = static_cast<uint32_t>(g % d.threadgroups_per_grid[0]);
-      const uint32_t gy = static_cast<uint32_t>(g / d.threadgroups_per_grid[0]);
-      for (uint32_t tid = 0; tid < threads; ++tid) {
-        workers.emplace_back([&d, kernel, executor, tg, gx, gy, tid] {
+    for (uint64_t linear = start; linear < end; ++linear) {
+      ThreadExecutor* executor = executors[linear - start].get();
+      float* memory = memories[linear - start].data();
+      const Group g = group_at(d, groups, linear);
+      for (uint32_t tid = 0; tid < g.count(); ++tid) {
+        workers.emplace_back([&d, &groups, kernel, executor, memory, g, linear, tid] {
           t_executor = executor;
           t_tid = tid;
-          t_group = uint64_t{gy} * d.threadgroups_per_grid[0] + gx;
+          t_group = linear;
           try {
-            kernel->invoke(d.buffers.data(), d.buffers.size(), tg, make_ids(d, gx, gy, tid));
+            kernel->invoke(d.buffers.data(), d.buffers.size(), memory,
+                           make_ids(d, groups, g, tid));
           } catch (const Abort&) {
           }
           executor->exit(tid);
@@ -581,10 +691,10 @@ std::string run_dispatch(const std::string& kernel_name, const Dispatch& d) {
       }
     }
     for (std::thread& w : workers) w.join();
-    for (uint64_t g = start; g < end; ++g) {
-      std::string error = executors[g - start]->error();
+    for (uint64_t linear = start; linear < end; ++linear) {
+      std::string error = executors[linear - start]->error();
       if (!error.empty()) {
-        return "threadgroup " + std::to_string(g) + ": " + error;
+        return "threadgroup " + std::to_string(linear) + ": " + error;
       }
     }
   }

@@ -15,8 +15,8 @@
 // a barrier not reached by every thread of the threadgroup (some returned early), live lanes of a
 // SIMD-group waiting at different collectives, a shuffle that reads a lane that has returned.
 // Such a kernel fails the run with a message instead of producing numbers.
-#ifndef TF_METAL_OPS_TESTS_MSL_HOST_EMULATOR_H_
-#define TF_METAL_OPS_TESTS_MSL_HOST_EMULATOR_H_
+#ifndef TF_METAL_OPS_CSRC_EMULATOR_EMULATOR_H_
+#define TF_METAL_OPS_CSRC_EMULATOR_EMULATOR_H_
 
 #include <cstdint>
 #include <string>
@@ -26,17 +26,30 @@
 
 namespace msl_host {
 
-enum class ExecutorKind { kFibers = 0, kThreads = 1 };
+// kDirect: each thread's body is a plain call, one after another, for kernels that never wait
+// for each other (no barrier, no SIMD-group function: tf_metal_ops/kernels.py decides from the
+// source). A barrier or SIMD-group call under it fails the dispatch.
+enum class ExecutorKind { kFibers = 0, kThreads = 1, kDirect = 2 };
 
 struct Dispatch {
-  uint32_t threadgroups_per_grid[3];
-  uint32_t threads_per_threadgroup[3];  // 1-D threadgroups only (y = z = 1)
+  uint32_t threadgroups_per_grid[3];    // ignored when threads_per_grid is set
+  uint32_t threads_per_threadgroup[3];
+  // dispatchThreads: the grid counts threads, and the threadgroups at its far edges are cut to
+  // what is left. All zero: dispatchThreadgroups (threadgroups_per_grid, every one full).
+  uint32_t threads_per_grid[3] = {0, 0, 0};
   uint32_t threadgroup_memory_length;   // bytes; 0: the kernel has no threadgroup argument
   uint32_t simd_width;                  // threadExecutionWidth
   std::vector<void*> buffers;           // [[buffer(i)]] = buffers[i]
   ExecutorKind executor = ExecutorKind::kFibers;
   uint32_t max_concurrent_threadgroups = 4;  // kThreads only
+  // The threadgroups to run, by linear index (x fastest): a caller may split a dispatch into
+  // ranges and run them on several OS threads at once, as a GPU runs threadgroups concurrently.
+  uint64_t first_group = 0;
+  uint64_t end_group = UINT64_MAX;
 };
+
+// The threadgroups a dispatch runs: threadgroups_per_grid, or what covers threads_per_grid.
+void threadgroup_grid(const Dispatch& dispatch, uint32_t groups[3]);
 
 // Empty on success, else what went wrong (unknown kernel, signature / plan mismatch, a
 // synchronization rule broken by the kernel).
@@ -44,4 +57,4 @@ std::string run_dispatch(const std::string& kernel_name, const Dispatch& dispatc
 
 }  // namespace msl_host
 
-#endif  // TF_METAL_OPS_TESTS_MSL_HOST_EMULATOR_H_
+#endif  // TF_METAL_OPS_CSRC_EMULATOR_EMULATOR_H_
