@@ -14,13 +14,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <map>
 #include <mutex>
-#include <regex>
 #include <sstream>
 
 #if defined(__APPLE__)
@@ -255,13 +255,73 @@ KernelCacheStats GetKernelCacheStats() {
   return s.stats;
 }
 
+namespace {
+
+bool IsWordChar(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }
+bool IsSpaceChar(char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; }
+
+// Whether `text`, what follows the word `threadgroup` up to the next ';', declares objects:
+// whitespace, a type (word characters, "::", template brackets, commas, spaces: no * or &, so a
+// pointer or reference into threadgroup memory is left alone), whitespace, a name, and array
+// bounds, which may hold any expression without ']'. Read from the right.
+bool DeclaresThreadgroupObjects(const std::string& text) {
+  size_t end = text.size();
+  for (;;) {  // the array bounds
+    while (end > 0 && IsSpaceChar(text[end - 1])) --end;
+    if (end == 0 || text[end - 1] != ']') break;
+    const size_t open = text.rfind('[', end - 1);
+    if (open == std::string::npos || text.find(']', open) != end - 1) return false;
+    end = open;
+  }
+  const size_t name_end = end;
+  while (end > 0 && IsWordChar(text[end - 1])) --end;
+  if (end == name_end) return false;  // no name
+  const size_t name_start = end;
+  while (end > 0 && IsSpaceChar(text[end - 1])) --end;
+  if (end == name_start || end == 0) return false;  // no space before the name, or no type
+  bool has_type = false;
+  for (size_t i = 0; i < end; ++i) {
+    const char c = text[i];
+    if (IsWordChar(c) || c == ':' || c == '<' || c == '>' || c == ',') {
+      has_type = true;
+    } else if (!IsSpaceChar(c)) {
+      return false;
+    }
+  }
+  return has_type && IsSpaceChar(text[0]);
+}
+
+}  // namespace
+
 std::string HostSource(const std::string& msl_source) {
-  // `threadgroup` opening a statement (after ; { } or a line break) and declaring objects:
-  // a type (no * or &: a pointer or reference only points into threadgroup memory), names, and
-  // array bounds, which may hold any expression.
-  static const std::regex declaration(
-      R"((^|[;{}\n])([ \t]*)threadgroup\b(?=\s+[\w:<>, ]+?\s+\w+\s*(\[[^\];]*\]\s*)*;))");
-  return std::regex_replace(msl_source, declaration, "$1$2TFMO_THREADGROUP_STATIC");
+  // `threadgroup` opening a statement (after ; { } or a line break, then spaces or tabs) and
+  // declaring objects becomes the host's per-threadgroup storage. A hand-written scan, not
+  // std::regex: the macOS build links only the parts of libc++ it names.
+  static const std::string kWord = "threadgroup";
+  std::string out;
+  size_t copied = 0;
+  for (size_t at = msl_source.find(kWord); at != std::string::npos;
+       at = msl_source.find(kWord, at + kWord.size())) {
+    const size_t after = at + kWord.size();
+    if (after < msl_source.size() && IsWordChar(msl_source[after])) continue;
+    size_t before = at;
+    while (before > 0 && (msl_source[before - 1] == ' ' || msl_source[before - 1] == '\t')) {
+      --before;
+    }
+    const bool opens_statement =
+        before == 0 || std::strchr(";{}\n", msl_source[before - 1]) != nullptr;
+    if (!opens_statement) continue;
+    const size_t semicolon = msl_source.find(';', after);
+    if (semicolon == std::string::npos ||
+        !DeclaresThreadgroupObjects(msl_source.substr(after, semicolon - after))) {
+      continue;
+    }
+    out.append(msl_source, copied, at - copied);
+    out += "TFMO_THREADGROUP_STATIC";
+    copied = after;
+  }
+  out.append(msl_source, copied, std::string::npos);
+  return out;
 }
 
 std::string LoadKernel(const std::string& source, KernelRunFunction* run) {
