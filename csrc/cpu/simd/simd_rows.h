@@ -587,10 +587,17 @@ void ComputeRowsTyped(const RowsArgs& args, int64_t begin, int64_t end) {
   const bool scaled_gradient = args.forward && args.scaled_gradient != nullptr;
   if (args.num_classes <=
       (args.forward ? kMaxGroupClassesForward : kMaxGroupClassesGradient)) {
-    ComputeRowGroupsTyped<T, Label>(args, begin, end);
-    // Rows of few classes are cheap to read twice: the scaled gradient is what the gradient op
-    // would compute from the forward's statistics, by the same code.
-    if (scaled_gradient) ComputeRowsTyped<T, Label>(GradientAfterForward(args), begin, end);
+    // The scaled gradient must be what the gradient op would compute from the forward's
+    // statistics. Where the gradient op groups its rows too, the groups write it from the
+    // softmax at hand; where it takes the rows one by one, so does the scaled gradient.
+    if (!scaled_gradient || args.num_classes <= kMaxGroupClassesGradient) {
+      ComputeRowGroupsTyped<T, Label>(args, begin, end);
+      return;
+    }
+    RowsArgs forward_only = args;
+    forward_only.scaled_gradient = nullptr;
+    ComputeRowGroupsTyped<T, Label>(forward_only, begin, end);
+    ComputeRowsTyped<T, Label>(GradientAfterForward(args), begin, end);
     return;
   }
   constexpr bool kDense = std::is_same_v<Label, T>;

@@ -113,6 +113,53 @@ TMO_SIMD_INLINE bool Any(VI mask) {
 #endif
 }
 
+// v[i][j] <-> v[j][i]: kLanes vectors as the rows of a square block, transposed in registers.
+// It only moves bits, so any spelling gives the same result; the shuffles of AVX2 and SSE do
+// it in a few instructions per vector where a lane-by-lane copy takes two per element.
+TMO_SIMD_INLINE void Transpose(VF* v) {
+#if defined(TMO_SIMD_AVX2)
+  const __m256 t0 = _mm256_unpacklo_ps((__m256)v[0], (__m256)v[1]);
+  const __m256 t1 = _mm256_unpackhi_ps((__m256)v[0], (__m256)v[1]);
+  const __m256 t2 = _mm256_unpacklo_ps((__m256)v[2], (__m256)v[3]);
+  const __m256 t3 = _mm256_unpackhi_ps((__m256)v[2], (__m256)v[3]);
+  const __m256 t4 = _mm256_unpacklo_ps((__m256)v[4], (__m256)v[5]);
+  const __m256 t5 = _mm256_unpackhi_ps((__m256)v[4], (__m256)v[5]);
+  const __m256 t6 = _mm256_unpacklo_ps((__m256)v[6], (__m256)v[7]);
+  const __m256 t7 = _mm256_unpackhi_ps((__m256)v[6], (__m256)v[7]);
+  const __m256 s0 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 s1 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 s2 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 s3 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 s4 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 s5 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 s6 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 s7 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(3, 2, 3, 2));
+  v[0] = (VF)_mm256_permute2f128_ps(s0, s4, 0x20);
+  v[1] = (VF)_mm256_permute2f128_ps(s1, s5, 0x20);
+  v[2] = (VF)_mm256_permute2f128_ps(s2, s6, 0x20);
+  v[3] = (VF)_mm256_permute2f128_ps(s3, s7, 0x20);
+  v[4] = (VF)_mm256_permute2f128_ps(s0, s4, 0x31);
+  v[5] = (VF)_mm256_permute2f128_ps(s1, s5, 0x31);
+  v[6] = (VF)_mm256_permute2f128_ps(s2, s6, 0x31);
+  v[7] = (VF)_mm256_permute2f128_ps(s3, s7, 0x31);
+#elif defined(__x86_64__) && TF_METAL_OPS_SIMD_LANES == 4
+  __m128 r0 = (__m128)v[0], r1 = (__m128)v[1], r2 = (__m128)v[2], r3 = (__m128)v[3];
+  _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
+  v[0] = (VF)r0;
+  v[1] = (VF)r1;
+  v[2] = (VF)r2;
+  v[3] = (VF)r3;
+#else
+  for (int i = 0; i < kLanes; ++i) {
+    for (int j = i + 1; j < kLanes; ++j) {
+      const float a = v[i][j];
+      v[i][j] = v[j][i];
+      v[j][i] = a;
+    }
+  }
+#endif
+}
+
 TMO_SIMD_INLINE float ReduceAdd(VF v) {
   // Pairwise halving: the same tree on every ISA width, and fewer roundings than a chain.
   float lanes[kLanes];
