@@ -120,11 +120,26 @@ TMO_SIMD_INLINE void StoreTile(const float* tile, int64_t num_rows, int64_t num_
 // The group's softmax, lane by lane, as RowExpSum computes it for one row. `e` receives e_c.
 TMO_SIMD_INLINE SoftmaxLanes GroupSoftmax(const float* tile, int64_t num_classes, float* e) {
   VF max = Splat(std::numeric_limits<float>::lowest());
-  for (int64_t c = 0; c < num_classes; ++c) max = MaxKeep(max, LoadFull(tile + c * kLanes));
+  VF min = Splat(std::numeric_limits<float>::max());
+  for (int64_t c = 0; c < num_classes; ++c) {
+    const VF v = LoadFull(tile + c * kLanes);
+    max = MaxKeep(max, v);
+    min = MinKeep(min, v);
+  }
   // Nothing to prefetch: the tile is in L1, and the next group's rows follow this one's.
-  ExpSumOp<true, float> op{tile, e, tile, max, SplatI(0)};
-  const VF others = SumOfBlocks<false>(num_classes * kLanes, op).part;  // never folded
-  const VF ties = __builtin_convertvector(op.ties, VF);
+  // Exp<false> where every row of the group spans less than its plain range (RowMaxAndRange).
+  VF others;
+  VI ties_count;
+  if (!Any(max - min > Splat(kExpPlainRange))) {
+    ExpSumOp<true, float, false> op{tile, e, tile, max, SplatI(0)};
+    others = SumOfBlocks<false>(num_classes * kLanes, op).part;  // never folded
+    ties_count = op.ties;
+  } else {
+    ExpSumOp<true, float> op{tile, e, tile, max, SplatI(0)};
+    others = SumOfBlocks<false>(num_classes * kLanes, op).part;
+    ties_count = op.ties;
+  }
+  const VF ties = __builtin_convertvector(ties_count, VF);
   SoftmaxLanes sm;
   sm.max = max;
   // No logit reached the maximum (all -inf or NaN): log(0) = -inf makes every lp NaN.
