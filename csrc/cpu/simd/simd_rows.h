@@ -202,8 +202,12 @@ struct RowRange {
   float max;
   bool plain_exp;
 };
+struct RowExtremes {
+  float max;
+  float min;
+};
 template <typename T>
-TMO_SIMD_INLINE RowRange RowMaxAndRange(const T* z, int64_t num_classes) {
+TMO_SIMD_INLINE RowExtremes RowMaxAndMin(const T* z, int64_t num_classes) {
   const float lowest = std::numeric_limits<float>::lowest();
   const float highest = std::numeric_limits<float>::max();
   VF max0 = Splat(lowest);
@@ -225,14 +229,21 @@ TMO_SIMD_INLINE RowRange RowMaxAndRange(const T* z, int64_t num_classes) {
   }
   const VF maxima = MaxKeep(max0, max1);
   const VF minima = MinKeep(min0, min1);
-  RowRange range;
-  range.max = ReduceMaxKeep(maxima, lowest);
-  float min = highest;
-  for (int i = 0; i < kLanes; ++i) min = minima[i] < min ? minima[i] : min;
+  RowExtremes extremes;
+  extremes.max = ReduceMaxKeep(maxima, lowest);
+  extremes.min = highest;
+  for (int i = 0; i < kLanes; ++i) extremes.min = minima[i] < extremes.min ? minima[i] : extremes.min;
+  return extremes;
+}
+TMO_SIMD_INLINE RowRange RangeOf(float max, float min) {
   // Rounded, max - min still bounds every rounded z_c - max from below. An infinite logit
   // makes it inf (or NaN for +inf alone): not plain.
-  range.plain_exp = range.max - min <= kExpPlainRange;
-  return range;
+  return {max, max - min <= kExpPlainRange};
+}
+template <typename T>
+TMO_SIMD_INLINE RowRange RowMaxAndRange(const T* z, int64_t num_classes) {
+  const RowExtremes extremes = RowMaxAndMin(z, num_classes);
+  return RangeOf(extremes.max, extremes.min);
 }
 
 // Pass 2. Each logit equal to the maximum adds exactly 1 (counted in `ties`), the others'
@@ -278,13 +289,8 @@ TMO_SIMD_INLINE std::pair<float, float> OthersAndTies(const T* z, int64_t num_cl
   return {others_sum, ReduceAdd(__builtin_convertvector(op.ties, VF))};
 }
 
-template <bool kStoreE, typename T>
-TMO_SIMD_INLINE RowSoftmax RowExpSum(const T* z, int64_t num_classes, RowRange range,
-                                     float* e_out) {
-  const float max = range.max;
-  const auto [others_sum, ties_sum] =
-      range.plain_exp ? OthersAndTies<kStoreE, false>(z, num_classes, max, e_out)
-                      : OthersAndTies<kStoreE, true>(z, num_classes, max, e_out);
+// The row's softmax from pass 2's sums.
+TMO_SIMD_INLINE RowSoftmax SoftmaxOfSums(float max, float others_sum, float ties_sum) {
   kernels::LogSumExp<float> state;
   state.max = max;
   state.ties = ties_sum;
@@ -301,6 +307,15 @@ TMO_SIMD_INLINE RowSoftmax RowExpSum(const T* z, int64_t num_classes, RowRange r
     softmax.inv_sum = std::numeric_limits<float>::quiet_NaN();
   }
   return softmax;
+}
+
+template <bool kStoreE, typename T>
+TMO_SIMD_INLINE RowSoftmax RowExpSum(const T* z, int64_t num_classes, RowRange range,
+                                     float* e_out) {
+  const auto [others_sum, ties_sum] =
+      range.plain_exp ? OthersAndTies<kStoreE, false>(z, num_classes, range.max, e_out)
+                      : OthersAndTies<kStoreE, true>(z, num_classes, range.max, e_out);
+  return SoftmaxOfSums(range.max, others_sum, ties_sum);
 }
 
 // Where the gradient passes take e_c from: pass 2's stored values, or (rows whose statistics
