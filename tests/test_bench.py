@@ -108,8 +108,22 @@ def test_bench_table_says_when_memory_settings_differ(quick_report):
     assert "TF_ENABLE_ONEDNN_OPTS=0" in bench.format_table(report)
 
 
+@pytest.mark.parametrize("dtype, itemsize", [("float16", 2), ("bfloat16", 2)])
+def test_bench_dtype_times_every_case_with_that_dtypes_floor(dtype, itemsize):
+    size = bench.time_size(16, 10, 1, bench._Progress(1, enabled=False), dtype=dtype)
+    assert size["dtype"] == dtype
+    assert size["floor_bytes"] == 3 * itemsize * 16 * 10
+    # Every case ran in this dtype, or says why it could not.
+    case_names = {name for name, _ in bench.CASES}
+    assert set(size["median_ms"]) | set(size["errors"]) == case_names
+    assert {"ours_ce", "ours_focal", "floor"} <= set(size["median_ms"]), size["errors"]
+    report = {"environment": dict(bench.environment()), "sizes": [size],
+              "settings": {"dtype": dtype}}
+    assert f"threads; {dtype}," in bench.format_table(report)
+
+
 @pytest.mark.parametrize("argv", [["--sizes", "10by3"], ["--sizes", "0x5"], ["--repeats", "0"],
-                                  ["--threads", "-1"], ["--no-such-flag"]])
+                                  ["--threads", "-1"], ["--dtype", "int8"], ["--no-such-flag"]])
 def test_bench_usage_errors_exit_2(argv, capsys):
     assert bench.main(argv) == 2
     assert "usage" in capsys.readouterr().err

@@ -145,3 +145,78 @@ def test_gradient_over_intermediate_logits(dtype, gamma, eps):
     scale = 1.0 + np.abs(want).max()
     # The matmul's rounding in `dtype` adds to the kernel's; 20 x the kernel tolerance bounds it.
     np.testing.assert_allclose(grad_w, want, rtol=0, atol=20 * max(rtol, atol) * scale)
+
+
+# Rows of at least 65536 classes, sparse and unsmoothed, are cut into blocks of classes spread
+# over the threads (csrc/cpu/simd/simd_split_rows.h): fewer rows than 4 per thread run as blocks,
+# more as whole rows, and both must give the same bits whatever the thread count.
+SPLIT_CLASSES = 65536 + 16384 + 37  # a partial last block and a vector tail
+
+
+def _split_step(z: np.ndarray, labels: np.ndarray, gamma: float, ignore_class=None):
+    """Loss, the gradient op's gradient (given the forward's statistics) and the reduced loss's
+    scaled gradient written by the forward op."""
+    zt = tf.constant(z)
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(zt)
+        losses = tf_metal_ops.custom_loss(labels, zt, gamma=gamma, ignore_class=ignore_class)
+        reduced = tf_metal_ops.reduced_custom_loss(labels, zt, np.full(len(labels), 0.25),
+                                                   gamma=gamma, ignore_class=ignore_class)
+    upstream = (0.5 + 0.25 * np.arange(len(labels))).astype(np.float32)  # row i: the same in any batch
+    grad = tape.gradient(losses, zt, output_gradients=tf.constant(upstream))
+    scaled = tape.gradient(reduced, zt)
+    return losses.numpy(), grad.numpy(), scaled.numpy(), upstream
+
+
+def _split_logits(rows: int) -> np.ndarray:
+    z = _logits(rows, SPLIT_CLASSES, seed=3)
+    z[1, 0] = 120.0  # confident beyond Exp's plain range: the row takes the range-checked Exp
+    return z.astype(np.float32)
+
+
+def _check_split_rows(gamma: float) -> None:
+    z = _split_logits(3)
+    labels = np.array([5, 0, SPLIT_CLASSES - 1])
+    losses, grad, scaled, upstream = _split_step(z, labels, gamma)
+    zq = z.astype(np.float64)
+    want_loss = ref.custom_loss(labels, zq, gamma=gamma)
+    want_grad = ref.custom_loss_grad(labels, zq, gamma=gamma, upstream=upstream.astype(np.float64))
+    np.testing.assert_allclose(losses, want_loss, rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(grad, want_grad, rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(scaled, 0.25 * want_grad / upstream[:, None], rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("gamma", [0.0, 2.0])
+def test_split_rows_match_reference(gamma):
+    _check_split_rows(gamma)
+
+
+def test_split_rows_same_bits_for_any_thread_count_and_batch():
+    z = _split_logits(20)
+    labels = np.arange(20) * 4099 % SPLIT_CLASSES
+    labels[4] = 17  # ignored below
+    runs = []
+    try:
+        for threads in (1, 2, 3):
+            tf_metal_ops.set_cpu_threads(threads)
+            runs.append(_split_step(z, labels, 2.0, ignore_class=17)[:3])
+            runs.append(_split_step(z[:5], labels[:5], 2.0, ignore_class=17)[:3])
+    finally:
+        tf_metal_ops.set_cpu_threads(0)
+    for many, few in zip(runs[0::2], runs[1::2]):
+        # 20 rows against 5: whole-row tasks against block tasks from 2 threads on.
+        for a, b in zip(many, few):
+            np.testing.assert_array_equal(a[:5].view(np.uint32), b.view(np.uint32))
+    for i in range(2, len(runs)):  # 2 and 3 threads against 1, batch by batch
+        for a, b in zip(runs[i % 2], runs[i]):
+            np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+    assert not np.any(runs[0][1][4]) and not np.any(runs[0][2][4])  # the ignored row: +0
+
+
+@pytest.mark.baseline_isa
+def test_portable_split_rows_match_reference():
+    run_on_portable_isa("test_cpu_kernels", """
+        for gamma in (0.0, 2.0):
+            t._check_split_rows(gamma)
+        t.test_split_rows_same_bits_for_any_thread_count_and_batch()
+    """, timeout=600)

@@ -2,7 +2,9 @@
 // row kernel.
 //
 // Float, half and bfloat16 logits run the vectorized rows of simd/rows_dispatch.h (the variant for
-// this CPU's instruction set), spread over the thread pool by ParallelFor. Float64 logits run
+// this CPU's instruction set), spread over the thread pool by ParallelFor; rows of very many
+// classes are cut into blocks of classes first (simd/simd_split_rows.h), so that a batch of few
+// rows still fills the threads. Float64 logits run
 // the scalar rows below, built on kernels/custom_loss_math.h (the scalar math shared with the
 // Metal kernels, which derives the formulas and their limits, and which the vectorized rows also
 // fall back on for single elements). A row is read from memory once per pass and stays in the
@@ -264,6 +266,14 @@ RowsArgs MakeRowsArgs(const CustomLossProblem& problem, const CustomLossInputs& 
   return args;
 }
 
+// ParallelTasks (rows_dispatch.h) on ParallelFor.
+void RunTasksInParallel(int64_t count, int64_t cost_per_task, void (*task)(void*, int64_t),
+                        void* context) {
+  ParallelFor(count, cost_per_task, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) task(context, i);
+  });
+}
+
 // Float, half and bfloat16 logits: the vectorized rows of this CPU's instruction set, which
 // write the forward's row statistics (`stats`, null for the gradient).
 void ComputeVectorized(const CustomLossProblem& problem, const CustomLossInputs& inputs,
@@ -275,6 +285,9 @@ void ComputeVectorized(const CustomLossProblem& problem, const CustomLossInputs&
   if (scaled_gradient != nullptr) {
     args.scaled_gradient = TF_TensorData(scaled_gradient);
     args.row_scales = static_cast<const float*>(TF_TensorData(inputs.row_scales.get()));
+  }
+  if (SelectSplitRowsKernel()(args, problem.num_rows, CpuThreadLimit(), &RunTasksInParallel)) {
+    return;
   }
   const RowsKernel kernel = SelectRowsKernel();
   ParallelFor(problem.num_rows, problem.num_classes,

@@ -22,7 +22,7 @@ bool CpuHasF16c() {
 #endif
 
 // Read once: the CPU does not change, and an environment override is for tests only.
-RowsKernel ChooseRowsKernel(const char** isa) {
+RowsKernel ChooseRowsKernel(const char** isa, SplitRowsKernel* split) {
   const char* forced = std::getenv("TF_METAL_OPS_CPU_ISA");
   const bool force_portable = forced != nullptr && std::strcmp(forced, "portable") == 0;
 #if defined(__x86_64__)
@@ -30,16 +30,19 @@ RowsKernel ChooseRowsKernel(const char** isa) {
   if (!force_portable && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
       CpuHasF16c()) {
     *isa = "avx2";
+    *split = &avx2::ComputeSplitRows;
     return &avx2::ComputeRows;
   }
 #endif
   (void)force_portable;
   *isa = "portable";
+  *split = &portable::ComputeSplitRows;
   return &portable::ComputeRows;
 }
 struct RowsKernelChoice {
   const char* isa = nullptr;
-  RowsKernel kernel = ChooseRowsKernel(&isa);
+  SplitRowsKernel split = nullptr;
+  RowsKernel kernel = ChooseRowsKernel(&isa, &split);
 };
 const RowsKernelChoice& Choice() {
   static const RowsKernelChoice choice;
@@ -48,6 +51,7 @@ const RowsKernelChoice& Choice() {
 }  // namespace
 
 RowsKernel SelectRowsKernel() { return Choice().kernel; }
+SplitRowsKernel SelectSplitRowsKernel() { return Choice().split; }
 const char* SelectedRowsIsa() { return Choice().isa; }
 
 }  // namespace tf_metal_ops

@@ -49,18 +49,35 @@ struct RowsArgs {
 // Computes rows [begin, end) of the output. Thread-safe: different ranges may run at once.
 using RowsKernel = void (*)(const RowsArgs& args, int64_t begin, int64_t end);
 
+// Calls task(context, i) for every i in [0, count), on the kernels' threads, and returns when
+// all have returned; `cost_per_task` (elements) decides how many threads are worth waking.
+using ParallelTasks = void (*)(int64_t count, int64_t cost_per_task,
+                               void (*task)(void* context, int64_t index), void* context);
+// Computes the whole batch of `num_rows` rows with each row split into blocks of classes spread
+// over `parallel`, which uses up to `threads` threads (simd_split_rows.h; the results do not
+// depend on it), and returns true; or returns false, having done nothing, for batches whose
+// rows are not split (a RowsKernel computes those).
+using SplitRowsKernel = bool (*)(const RowsArgs& args, int64_t num_rows, int threads,
+                                 ParallelTasks parallel);
+
 namespace portable {
 void ComputeRows(const RowsArgs& args, int64_t begin, int64_t end);
+bool ComputeSplitRows(const RowsArgs& args, int64_t num_rows, int threads,
+                      ParallelTasks parallel);
 }
 #if defined(__x86_64__)
 namespace avx2 {
 void ComputeRows(const RowsArgs& args, int64_t begin, int64_t end);
+bool ComputeSplitRows(const RowsArgs& args, int64_t num_rows, int threads,
+                      ParallelTasks parallel);
 }
 #endif
 
 // The variant for this CPU. TF_METAL_OPS_CPU_ISA=portable in the environment (read once)
 // forces the baseline variant, so its numerics can be tested on an AVX2 machine too.
 RowsKernel SelectRowsKernel();
+// The split-row kernel of the same variant.
+SplitRowsKernel SelectSplitRowsKernel();
 // "avx2" or "portable" (what SelectRowsKernel() picked), for build information and benchmarks.
 const char* SelectedRowsIsa();
 

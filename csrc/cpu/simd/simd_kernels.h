@@ -1,6 +1,7 @@
 // The vectorized row kernels of one instruction set, in the order each part needs the one before:
-// the vectors and their math (simd_vector.h), the passes over a row (simd_rows.h), and rows of few
-// classes computed kLanes at a time (simd_row_groups.h).
+// the vectors and their math (simd_vector.h), the passes over a row (simd_rows.h), rows of few
+// classes computed kLanes at a time (simd_row_groups.h), and few rows of many classes split into
+// blocks over the threads (simd_split_rows.h).
 //
 // DELIBERATELY NO INCLUDE GUARD: included once per instruction set, inside that set's own
 // namespace (rows_portable.cc, rows_avx2.cc, and tests/cpu_math/shared_math_check.cc), after
@@ -8,3 +9,4 @@
 #include "csrc/cpu/simd/simd_vector.h"
 #include "csrc/cpu/simd/simd_rows.h"
 #include "csrc/cpu/simd/simd_row_groups.h"
+#include "csrc/cpu/simd/simd_split_rows.h"

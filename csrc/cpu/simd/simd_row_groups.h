@@ -59,9 +59,27 @@ struct GroupDenseWeights {
   }
 };
 
-// tile[c * kLanes + i] = rows[i][c] for the first `num_rows` rows; the other lanes are 0.
+// tile[c * kLanes + i] = rows[i][c] for the first `num_rows` rows; the other lanes are 0. A full
+// group is moved kLanes classes at a time, as square blocks transposed in registers (the last
+// block loads only the row's remaining classes): copied element by element, the transposition
+// cost more than all the arithmetic on the tile.
 template <typename T>
 TMO_SIMD_INLINE void LoadTile(const T* rows, int64_t num_rows, int64_t num_classes, float* tile) {
+  if (num_rows == kLanes) {
+    int64_t c = 0;
+    for (; c + kLanes <= num_classes; c += kLanes) {
+      VF block[kLanes];
+      for (int i = 0; i < kLanes; ++i) block[i] = LoadFull(rows + i * num_classes + c);
+      Transpose(block);
+      for (int j = 0; j < kLanes; ++j) StoreFull(tile + (c + j) * kLanes, block[j]);
+    }
+    for (; c < num_classes; ++c) {
+      VF v;
+      for (int i = 0; i < kLanes; ++i) v[i] = Load(rows[i * num_classes + c]);
+      StoreFull(tile + c * kLanes, v);
+    }
+    return;
+  }
   for (int64_t i = 0; i < kLanes; ++i) {
     const T* row = rows + i * num_classes;
     for (int64_t c = 0; c < num_classes; ++c) {
@@ -70,14 +88,58 @@ TMO_SIMD_INLINE void LoadTile(const T* rows, int64_t num_rows, int64_t num_class
   }
 }
 
+// rows[i][c] = tile[c * kLanes + i] for the first `num_rows` rows, +0 for the rows marked in
+// `zeroed` (ignored rows): LoadTile's transposition backwards.
+template <typename T>
+TMO_SIMD_INLINE void StoreTile(const float* tile, int64_t num_rows, int64_t num_classes,
+                               const bool* zeroed, T* rows) {
+  if (num_rows == kLanes) {
+    VI keep;  // lane i is row i: zeroed before the transposition, it is a row of zeros after
+    for (int i = 0; i < kLanes; ++i) keep[i] = zeroed[i] ? 0 : -1;
+    int64_t c = 0;
+    for (; c + kLanes <= num_classes; c += kLanes) {
+      VF block[kLanes];
+      for (int j = 0; j < kLanes; ++j) block[j] = KeepIf(keep, LoadFull(tile + (c + j) * kLanes));
+      Transpose(block);
+      for (int i = 0; i < kLanes; ++i) StoreFull(rows + i * num_classes + c, block[i]);
+    }
+    for (; c < num_classes; ++c) {
+      const VF v = KeepIf(keep, LoadFull(tile + c * kLanes));
+      for (int i = 0; i < kLanes; ++i) Store(v[i], &rows[i * num_classes + c]);
+    }
+    return;
+  }
+  for (int64_t i = 0; i < num_rows; ++i) {
+    T* row = rows + i * num_classes;
+    for (int64_t c = 0; c < num_classes; ++c) {
+      Store(zeroed[i] ? 0.0f : tile[c * kLanes + i], &row[c]);
+    }
+  }
+}
+
 // The group's softmax, lane by lane, as RowExpSum computes it for one row. `e` receives e_c.
 TMO_SIMD_INLINE SoftmaxLanes GroupSoftmax(const float* tile, int64_t num_classes, float* e) {
   VF max = Splat(std::numeric_limits<float>::lowest());
-  for (int64_t c = 0; c < num_classes; ++c) max = MaxKeep(max, LoadFull(tile + c * kLanes));
+  VF min = Splat(std::numeric_limits<float>::max());
+  for (int64_t c = 0; c < num_classes; ++c) {
+    const VF v = LoadFull(tile + c * kLanes);
+    max = MaxKeep(max, v);
+    min = MinKeep(min, v);
+  }
   // Nothing to prefetch: the tile is in L1, and the next group's rows follow this one's.
-  ExpSumOp<true, float> op{tile, e, tile, max, SplatI(0)};
-  const VF others = SumOfBlocks<false>(num_classes * kLanes, op).part;  // never folded
-  const VF ties = __builtin_convertvector(op.ties, VF);
+  // Exp<false> where every row of the group spans less than its plain range (RowMaxAndRange).
+  VF others;
+  VI ties_count;
+  if (!Any(max - min > Splat(kExpPlainRange))) {
+    ExpSumOp<true, float, false> op{tile, e, tile, max, SplatI(0)};
+    others = SumOfBlocks<false>(num_classes * kLanes, op).part;  // never folded
+    ties_count = op.ties;
+  } else {
+    ExpSumOp<true, float> op{tile, e, tile, max, SplatI(0)};
+    others = SumOfBlocks<false>(num_classes * kLanes, op).part;
+    ties_count = op.ties;
+  }
+  const VF ties = __builtin_convertvector(ties_count, VF);
   SoftmaxLanes sm;
   sm.max = max;
   // No logit reached the maximum (all -inf or NaN): log(0) = -inf makes every lp NaN.
@@ -90,6 +152,10 @@ TMO_SIMD_INLINE SoftmaxLanes GroupSoftmax(const float* tile, int64_t num_classes
   return sm;
 }
 
+// Rows [begin, end) in groups of kLanes. A forward that also writes the scaled gradient
+// (args.scaled_gradient) writes it from the group's softmax at hand: the gradient op given the
+// forward's statistics would compute the same softmax from the same tile, so the values are
+// the same bit for bit, without reading and transposing the rows a second time.
 template <typename T, typename Label>
 void ComputeRowGroupsTyped(const RowsArgs& args, int64_t begin, int64_t end) {
   constexpr bool kDense = std::is_same_v<Label, T>;
@@ -98,6 +164,9 @@ void ComputeRowGroupsTyped(const RowsArgs& args, int64_t begin, int64_t end) {
   const T* logits = static_cast<const T*>(args.logits);
   T* out = static_cast<T*>(args.out);
   const bool forward = args.forward;
+  // The gradient rows: the gradient op's output, or the forward's scaled gradient (null when
+  // the forward writes none).
+  T* gradient_rows = forward ? static_cast<T*>(args.scaled_gradient) : out;
   const float gamma = args.gamma;
   const bool only_labelled = !kDense && args.smoothing_share == 0.0f;
 
@@ -131,9 +200,9 @@ void ComputeRowGroupsTyped(const RowsArgs& args, int64_t begin, int64_t end) {
     VF lp_y = Splat(0.0f);
     VF w_y = Splat(0.0f);
     if (only_labelled) {
-      VF z_y = Splat(0.0f);
-      for (int64_t i = 0; i < rows; ++i) {
-        if (labels[i] >= 0) z_y[i] = z[labels[i] * kLanes + i];
+      VF z_y = Splat(0.0f);  // lanes without a label keep 0
+      for (int64_t c = 0; c < num_classes; ++c) {
+        z_y = Select(labels == SplatI(static_cast<int32_t>(c)), LoadFull(z + c * kLanes), z_y);
       }
       lp_y = (z_y - sm.max) - sm.log_sum;
       w_y = label_weights * Splat(args.smoothing_share + args.target_share);
@@ -156,23 +225,25 @@ void ComputeRowGroupsTyped(const RowsArgs& args, int64_t begin, int64_t end) {
       } else {
         loss = Splat(0.0f) - LossTerms<false>(z, weights, sm, e, gamma, width).part;
       }
-      for (int64_t i = 0; i < rows; ++i) {
-        Store(ignored[i] ? 0.0f : loss[i], &out[first + i]);
-        if (args.stats_out != nullptr) {
-          if (ignored[i]) {
-            WriteRowStats(args.stats_out, first + i, 0.0f, 0.0f, 0.0f);
-          } else {
-            WriteRowStats(args.stats_out, first + i, sm.max[i], sm.log_sum[i], sm.inv_sum[i]);
-          }
+      VI kept;  // ignored rows write +0 everywhere
+      for (int i = 0; i < kLanes; ++i) kept[i] = ignored[i] ? 0 : -1;
+      StoreN(out + first, KeepIf(kept, loss), rows);
+      if (args.stats_out != nullptr) {
+        alignas(64) float stats[3][kLanes];
+        StoreFull(stats[0], KeepIf(kept, sm.max));
+        StoreFull(stats[1], KeepIf(kept, sm.log_sum));
+        StoreFull(stats[2], KeepIf(kept, sm.inv_sum));
+        for (int64_t i = 0; i < rows; ++i) {
+          WriteRowStats(args.stats_out, first + i, stats[0][i], stats[1][i], stats[2][i]);
         }
       }
-      continue;
+      if (gradient_rows == nullptr) continue;
     }
 
-    VF upstream = Splat(0.0f);
-    for (int64_t i = 0; i < rows; ++i) {
-      upstream[i] = UpstreamAt<T>(args, first + i);
-    }
+    const VF upstream =
+        args.upstream != nullptr
+            ? LoadN(static_cast<const T*>(args.upstream) + first, rows, 0.0f)
+            : LoadN(args.row_scales + first, rows, 0.0f);
     if (only_labelled) {
       VF scale = w_y;  // g_y for gamma = 0
       if (gamma != 0.0f) {
@@ -180,11 +251,12 @@ void ComputeRowGroupsTyped(const RowsArgs& args, int64_t begin, int64_t end) {
           scale[i] = kernels::gradient_term(lp_y[i], w_y[i], gamma);
         }
       }
-      ScaleOp<float, StoredE> op{StoredE{e}, grad, sm.inv_sum, scale, upstream};
-      ForEachBlock(width, op);
+      // ScaleOp's p_c g_y, with each row's labelled class (-r_y g_y) put in as it passes.
       const VF at_label = upstream * (Expm1(lp_y) * scale);
-      for (int64_t i = 0; i < rows; ++i) {
-        if (labels[i] >= 0) grad[labels[i] * kLanes + i] = at_label[i];
+      for (int64_t c = 0; c < num_classes; ++c) {
+        const VF p = LoadFull(e + c * kLanes) * sm.inv_sum;
+        StoreFull(grad + c * kLanes, Select(labels == SplatI(static_cast<int32_t>(c)), at_label,
+                                            upstream * (p * scale)));
       }
     } else if (gamma == 0.0f) {
       CrossEntropyGradOp<float, decltype(weights), StoredE> op{
@@ -196,11 +268,6 @@ void ComputeRowGroupsTyped(const RowsArgs& args, int64_t begin, int64_t end) {
       FocalGradOp<float> op{e, g, grad, sm.inv_sum, total, upstream};
       ForEachBlock(width, op);
     }
-    for (int64_t i = 0; i < rows; ++i) {
-      T* row = out + (first + i) * num_classes;
-      for (int64_t c = 0; c < num_classes; ++c) {
-        Store(ignored[i] ? 0.0f : grad[c * kLanes + i], &row[c]);
-      }
-    }
+    StoreTile(grad, rows, num_classes, ignored, gradient_rows + first * num_classes);
   }
 }

@@ -195,18 +195,55 @@ struct RowSoftmax {
   float LogP(float z) const { return (z - max) - log_sum; }
 };
 
+// Pass 1: the row's maximum, and whether every z_c - max lies within Exp's plain range
+// (kExpPlainRange), so that pass 2 may call Exp<false>. The minimum this needs costs one more
+// instruction per vector of a pass that waits for memory anyway. Neither takes a NaN.
+struct RowRange {
+  float max;
+  bool plain_exp;
+};
+struct RowExtremes {
+  float max;
+  float min;
+};
 template <typename T>
-TMO_SIMD_INLINE float RowMax(const T* z, int64_t num_classes) {
+TMO_SIMD_INLINE RowExtremes RowMaxAndMin(const T* z, int64_t num_classes) {
   const float lowest = std::numeric_limits<float>::lowest();
-  VF m0 = Splat(lowest);
-  VF m1 = m0;
+  const float highest = std::numeric_limits<float>::max();
+  VF max0 = Splat(lowest);
+  VF max1 = max0;
+  VF min0 = Splat(highest);
+  VF min1 = min0;
   int64_t c = 0;
   for (; c + 2 * kLanes <= num_classes; c += 2 * kLanes) {  // two chains hide the latency
-    m0 = MaxKeep(m0, LoadFull(z + c));
-    m1 = MaxKeep(m1, LoadFull(z + c + kLanes));
+    const VF v0 = LoadFull(z + c);
+    const VF v1 = LoadFull(z + c + kLanes);
+    max0 = MaxKeep(max0, v0);
+    max1 = MaxKeep(max1, v1);
+    min0 = MinKeep(min0, v0);
+    min1 = MinKeep(min1, v1);
   }
-  for (; c < num_classes; c += kLanes) m0 = MaxKeep(m0, LoadN(z + c, num_classes - c, lowest));
-  return ReduceMaxKeep(MaxKeep(m0, m1), lowest);
+  for (; c < num_classes; c += kLanes) {
+    max0 = MaxKeep(max0, LoadN(z + c, num_classes - c, lowest));
+    min0 = MinKeep(min0, LoadN(z + c, num_classes - c, highest));
+  }
+  const VF maxima = MaxKeep(max0, max1);
+  const VF minima = MinKeep(min0, min1);
+  RowExtremes extremes;
+  extremes.max = ReduceMaxKeep(maxima, lowest);
+  extremes.min = highest;
+  for (int i = 0; i < kLanes; ++i) extremes.min = minima[i] < extremes.min ? minima[i] : extremes.min;
+  return extremes;
+}
+TMO_SIMD_INLINE RowRange RangeOf(float max, float min) {
+  // Rounded, max - min still bounds every rounded z_c - max from below. An infinite logit
+  // makes it inf (or NaN for +inf alone): not plain.
+  return {max, max - min <= kExpPlainRange};
+}
+template <typename T>
+TMO_SIMD_INLINE RowRange RowMaxAndRange(const T* z, int64_t num_classes) {
+  const RowExtremes extremes = RowMaxAndMin(z, num_classes);
+  return RangeOf(extremes.max, extremes.min);
 }
 
 // Pass 2. Each logit equal to the maximum adds exactly 1 (counted in `ties`), the others'
@@ -219,7 +256,7 @@ TMO_SIMD_INLINE float RowMax(const T* z, int64_t num_classes) {
 // classes would not fit L1 beside the current one). The next row's memory latency is then
 // hidden behind this row's Exp. A prefetch never faults, so the last row of a range may name
 // memory past the tensor.
-template <bool kStoreE, typename T>
+template <bool kStoreE, typename T, bool kAnyRange = true>
 struct ExpSumOp {
   const T* z;
   float* e_out;
@@ -232,7 +269,7 @@ struct ExpSumOp {
     __builtin_prefetch(next_z + c, /*rw=*/0, /*locality=*/2);
     const VF v = LoadBlock<kFull>(z + c, n, max[0]);
     VI tie = v == max;
-    VF e = Exp(v - max);
+    VF e = Exp<kAnyRange>(v - max);
     if constexpr (!kFull) {
       const VI valid = Iota() < SplatI(static_cast<int32_t>(n));
       tie &= valid;
@@ -244,11 +281,16 @@ struct ExpSumOp {
   }
 };
 
-template <bool kStoreE, typename T>
-TMO_SIMD_INLINE RowSoftmax RowExpSum(const T* z, int64_t num_classes, float max, float* e_out) {
-  ExpSumOp<kStoreE, T> op{z, e_out, z + num_classes, Splat(max), SplatI(0)};
+template <bool kStoreE, bool kAnyRange, typename T>
+TMO_SIMD_INLINE std::pair<float, float> OthersAndTies(const T* z, int64_t num_classes, float max,
+                                                     float* e_out) {
+  ExpSumOp<kStoreE, T, kAnyRange> op{z, e_out, z + num_classes, Splat(max), SplatI(0)};
   const float others_sum = SumOfBlocks(num_classes, op).Total();
-  const float ties_sum = ReduceAdd(__builtin_convertvector(op.ties, VF));
+  return {others_sum, ReduceAdd(__builtin_convertvector(op.ties, VF))};
+}
+
+// The row's softmax from pass 2's sums.
+TMO_SIMD_INLINE RowSoftmax SoftmaxOfSums(float max, float others_sum, float ties_sum) {
   kernels::LogSumExp<float> state;
   state.max = max;
   state.ties = ties_sum;
@@ -265,6 +307,15 @@ TMO_SIMD_INLINE RowSoftmax RowExpSum(const T* z, int64_t num_classes, float max,
     softmax.inv_sum = std::numeric_limits<float>::quiet_NaN();
   }
   return softmax;
+}
+
+template <bool kStoreE, typename T>
+TMO_SIMD_INLINE RowSoftmax RowExpSum(const T* z, int64_t num_classes, RowRange range,
+                                     float* e_out) {
+  const auto [others_sum, ties_sum] =
+      range.plain_exp ? OthersAndTies<kStoreE, false>(z, num_classes, range.max, e_out)
+                      : OthersAndTies<kStoreE, true>(z, num_classes, range.max, e_out);
+  return SoftmaxOfSums(range.max, others_sum, ties_sum);
 }
 
 // Where the gradient passes take e_c from: pass 2's stored values, or (rows whose statistics
@@ -587,10 +638,17 @@ void ComputeRowsTyped(const RowsArgs& args, int64_t begin, int64_t end) {
   const bool scaled_gradient = args.forward && args.scaled_gradient != nullptr;
   if (args.num_classes <=
       (args.forward ? kMaxGroupClassesForward : kMaxGroupClassesGradient)) {
-    ComputeRowGroupsTyped<T, Label>(args, begin, end);
-    // Rows of few classes are cheap to read twice: the scaled gradient is what the gradient op
-    // would compute from the forward's statistics, by the same code.
-    if (scaled_gradient) ComputeRowsTyped<T, Label>(GradientAfterForward(args), begin, end);
+    // The scaled gradient must be what the gradient op would compute from the forward's
+    // statistics. Where the gradient op groups its rows too, the groups write it from the
+    // softmax at hand; where it takes the rows one by one, so does the scaled gradient.
+    if (!scaled_gradient || args.num_classes <= kMaxGroupClassesGradient) {
+      ComputeRowGroupsTyped<T, Label>(args, begin, end);
+      return;
+    }
+    RowsArgs forward_only = args;
+    forward_only.scaled_gradient = nullptr;
+    ComputeRowGroupsTyped<T, Label>(forward_only, begin, end);
+    ComputeRowsTyped<T, Label>(GradientAfterForward(args), begin, end);
     return;
   }
   constexpr bool kDense = std::is_same_v<Label, T>;
@@ -671,11 +729,11 @@ void ComputeRowsTyped(const RowsArgs& args, int64_t begin, int64_t end) {
     }
 
     if (forward) {
-      const float max = RowMax(z, num_classes);
+      const RowRange range = RowMaxAndRange(z, num_classes);
       // The scaled gradient's last pass reads e_c, as a focal row's loss terms do.
       const RowSoftmax sm = general_focal || scaled_gradient
-                                ? RowExpSum<true>(z, num_classes, max, e)
-                                : RowExpSum<false>(z, num_classes, max, nullptr);
+                                ? RowExpSum<true>(z, num_classes, range, e)
+                                : RowExpSum<false>(z, num_classes, range, nullptr);
       float loss = 0.0f;
       if (only_labelled) {
         loss = 0.0f - kernels::loss_term(sm.LogP(Load(z[labelled_only])), w_y, args.gamma);
@@ -708,7 +766,7 @@ void ComputeRowsTyped(const RowsArgs& args, int64_t begin, int64_t end) {
       kernel.Gradient(z, labelled_only, w_y, weights, sm, fresh, e, g_buffer, upstream, grad);
       continue;
     }
-    const RowSoftmax sm = RowExpSum<true>(z, num_classes, RowMax(z, num_classes), e);
+    const RowSoftmax sm = RowExpSum<true>(z, num_classes, RowMaxAndRange(z, num_classes), e);
     kernel.Gradient(z, labelled_only, w_y, weights, sm, StoredE{e}, e, g_buffer, upstream, grad);
   }
 }

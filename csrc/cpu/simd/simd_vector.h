@@ -113,6 +113,53 @@ TMO_SIMD_INLINE bool Any(VI mask) {
 #endif
 }
 
+// v[i][j] <-> v[j][i]: kLanes vectors as the rows of a square block, transposed in registers.
+// It only moves bits, so any spelling gives the same result; the shuffles of AVX2 and SSE do
+// it in a few instructions per vector where a lane-by-lane copy takes two per element.
+TMO_SIMD_INLINE void Transpose(VF* v) {
+#if defined(TMO_SIMD_AVX2)
+  const __m256 t0 = _mm256_unpacklo_ps((__m256)v[0], (__m256)v[1]);
+  const __m256 t1 = _mm256_unpackhi_ps((__m256)v[0], (__m256)v[1]);
+  const __m256 t2 = _mm256_unpacklo_ps((__m256)v[2], (__m256)v[3]);
+  const __m256 t3 = _mm256_unpackhi_ps((__m256)v[2], (__m256)v[3]);
+  const __m256 t4 = _mm256_unpacklo_ps((__m256)v[4], (__m256)v[5]);
+  const __m256 t5 = _mm256_unpackhi_ps((__m256)v[4], (__m256)v[5]);
+  const __m256 t6 = _mm256_unpacklo_ps((__m256)v[6], (__m256)v[7]);
+  const __m256 t7 = _mm256_unpackhi_ps((__m256)v[6], (__m256)v[7]);
+  const __m256 s0 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 s1 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 s2 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 s3 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 s4 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 s5 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 s6 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 s7 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(3, 2, 3, 2));
+  v[0] = (VF)_mm256_permute2f128_ps(s0, s4, 0x20);
+  v[1] = (VF)_mm256_permute2f128_ps(s1, s5, 0x20);
+  v[2] = (VF)_mm256_permute2f128_ps(s2, s6, 0x20);
+  v[3] = (VF)_mm256_permute2f128_ps(s3, s7, 0x20);
+  v[4] = (VF)_mm256_permute2f128_ps(s0, s4, 0x31);
+  v[5] = (VF)_mm256_permute2f128_ps(s1, s5, 0x31);
+  v[6] = (VF)_mm256_permute2f128_ps(s2, s6, 0x31);
+  v[7] = (VF)_mm256_permute2f128_ps(s3, s7, 0x31);
+#elif defined(__x86_64__) && TF_METAL_OPS_SIMD_LANES == 4
+  __m128 r0 = (__m128)v[0], r1 = (__m128)v[1], r2 = (__m128)v[2], r3 = (__m128)v[3];
+  _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
+  v[0] = (VF)r0;
+  v[1] = (VF)r1;
+  v[2] = (VF)r2;
+  v[3] = (VF)r3;
+#else
+  for (int i = 0; i < kLanes; ++i) {
+    for (int j = i + 1; j < kLanes; ++j) {
+      const float a = v[i][j];
+      v[i][j] = v[j][i];
+      v[j][i] = a;
+    }
+  }
+#endif
+}
+
 TMO_SIMD_INLINE float ReduceAdd(VF v) {
   // Pairwise halving: the same tree on every ISA width, and fewer roundings than a chain.
   float lanes[kLanes];
@@ -157,12 +204,20 @@ TMO_SIMD_INLINE VF ClampKeepingNaN(VF x, float lo, float hi) {
 #endif
 }
 
+// The largest |x| whose exp needs no care for the range of 2^k (below). A caller that knows
+// every lane is within it (a softmax row whose logits span at most this much below the
+// maximum) calls Exp<false>, which skips the clamp and the test: on such lanes the clamp is the
+// identity and the test fails, so the result is the same bit for bit, for 6 fewer instructions
+// per vector of the row's most frequent operation.
+constexpr float kExpPlainRange = 87.3f;
+
+template <bool kAnyRange = true>
 TMO_SIMD_INLINE VF Exp(VF x) {
   constexpr float kLog2e = 1.44269504088896341f;
   constexpr float kLn2Hi = 0.693145751953125f;          // 0x3f317200
   constexpr float kLn2Lo = 1.428606820309417232e-06f;   // ln 2 - kLn2Hi
   constexpr float kRoundMagic = 12582912.0f;            // 1.5 * 2^23: adding it rounds to an integer
-  const VF xc = ClampKeepingNaN(x, -104.0f, 89.0f);
+  const VF xc = kAnyRange ? ClampKeepingNaN(x, -104.0f, 89.0f) : x;
   const VF kf = Fma(xc, Splat(kLog2e), Splat(kRoundMagic)) - Splat(kRoundMagic);
   VF f = Fma(kf, Splat(-kLn2Hi), xc);
   f = Fma(kf, Splat(-kLn2Lo), f);
@@ -175,7 +230,7 @@ TMO_SIMD_INLINE VF Exp(VF x) {
   const VI k = __builtin_convertvector(kf, VI);
   // |x| <= 87.3 gives k in [-126, 126]. (A NaN lane passes the test with a meaningless k; its
   // result is NaN times some number, still NaN.)
-  if (!Any(FromBits(Bits(xc) & SplatU(0x7fffffffu)) > Splat(87.3f))) {
+  if (!kAnyRange || !Any(FromBits(Bits(xc) & SplatU(0x7fffffffu)) > Splat(kExpPlainRange))) {
     return expf * FromBits((VU)(k + 127) << 23);
   }
   const VI k1 = k >> 1;  // arithmetic shift: floor(k / 2)

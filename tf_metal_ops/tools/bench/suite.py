@@ -1,6 +1,7 @@
 """`python -m tf_metal_ops bench`: CustomLoss on the CPU against the losses users write by hand.
 
-For each problem size (N rows x C classes, float32 logits, forward + backward under
+For each problem size (N rows x C classes, float32 logits unless `--dtype` says otherwise,
+forward + backward under
 `tf.function`, the loss reduced to its mean as Keras does) it times
 
     tf_sparse_ce    tf.nn.sparse_softmax_cross_entropy_with_logits   (TensorFlow's fused op)
@@ -14,8 +15,8 @@ For each problem size (N rows x C classes, float32 logits, forward + backward un
                     by XLA (tf.function(jit_compile=True)), where ours is the loss composed of
                     TensorFlow ops (tf_metal_ops.composed): what a CUDA or TPU machine runs
     floor           the memory floor: read the logits twice and write a gradient once (12 bytes
-                    per element), on the same threads as our kernels (csrc/cpu/memory_floor.h),
-                    into a buffer allocated once
+                    per element in float32, 6 in float16 and bfloat16), on the same threads as
+                    our kernels (csrc/cpu/memory_floor.h), into a buffer allocated once
     tf_floor        the same traffic as TensorFlow ops (reduce_sum(z) and z * 0.5), which also
                     allocate a fresh N x C output each step as every loss here does
 
@@ -35,9 +36,14 @@ each loss may write its gradient over them.
 
 Usage:
     python -m tf_metal_ops bench [--quick] [--json] [--sizes 4096x1000,512x32000]
+                                 [--dtype float32|float16|bfloat16]
                                  [--repeats R] [--threads T] [--memory | --no-memory]
                                  [--memory-size 65536x1000]
                                  [--linear-head | --linear-head-only]
+
+`--dtype` sets the logits' dtype of every timed case (labels, targets and the floor follow: the
+floor moves the dtype's bytes, 3 x its size per element); the memory sections stay float32.
+A case TensorFlow cannot run in that dtype is reported as unavailable, with the reason.
 
 `--linear-head` adds the section of tf_metal_ops/tools/bench/linear_head.py (linear_cross_entropy
 against Dense(V) + CustomLoss and Dense(V) + Keras's sparse cross-entropy: memory, time and
@@ -70,6 +76,7 @@ DEFAULT_MEMORY_SIZE = (65536, 1000)
 QUICK_MEMORY_SIZE = (256, 100)
 LABEL_SMOOTHING = 0.1
 GAMMA = 2.0
+DTYPES = ("float32", "float16", "bfloat16")
 
 # (case, what it is). Anchors first, then ours, then the floor.
 CASES = (
@@ -83,8 +90,9 @@ CASES = (
     ("keras_focal_xla", "keras_focal under XLA"),
     ("ours_ce_ls_xla", "ours_ce_ls under XLA: our composed path (tf_metal_ops.composed)"),
     ("ours_focal_xla", "ours_focal under XLA: our composed path"),
-    ("floor", "memory floor: read logits twice + write gradient once (12 B/element)"),
-    ("tf_floor", "the same 12 B/element as TensorFlow ops (reduce_sum(z), z * 0.5) under "
+    ("floor", "memory floor: read logits twice + write gradient once (3 x the dtype's bytes "
+              "per element: 12 B in float32)"),
+    ("tf_floor", "the same bytes as TensorFlow ops (reduce_sum(z), z * 0.5) under "
                  "tf.function: adds what allocating a fresh N x C output costs"),
 )
 # (ratio name, numerator case, denominator case): speed-ups of ours and distances to the floor.
@@ -141,6 +149,9 @@ def build_parser(prog: str = "tf-metal-ops bench", add_help: bool = True) -> arg
     parser.add_argument("--sizes", type=_sizes, default=None,
                         help="comma-separated NxC sizes (default: "
                         + ",".join(f"{n}x{c}" for n, c in DEFAULT_SIZES) + ")")
+    parser.add_argument("--dtype", choices=DTYPES, default="float32",
+                        help="the logits' dtype of the timed cases (default float32); the "
+                        "floor moves that dtype's bytes")
     parser.add_argument("--repeats", type=positive_int, default=None,
                         help="timed runs per case and size (default: by size, 5 to 15)")
     parser.add_argument("--threads", type=non_negative_int, default=None,
@@ -176,19 +187,20 @@ def _repeats_for(rows: int, cols: int, quick: bool) -> int:
     return max(5, min(45, int(2e8 // max(rows * cols, 1))))
 
 
-def _make_inputs(rows: int, cols: int, seed: int = 0):
+def _make_inputs(rows: int, cols: int, seed: int = 0, dtype: str = "float32"):
     import numpy as np
     import tensorflow as tf
 
     rng = np.random.default_rng(seed)
     logits_np = rng.standard_normal((rows, cols), dtype=np.float32)
     labels_np = rng.integers(0, cols, rows).astype(np.int32)
-    logits = tf.constant(logits_np)
+    logits = tf.cast(tf.constant(logits_np), dtype)
     labels = tf.constant(labels_np)
     return logits_np, logits, labels
 
 
-def _loss_fns(labels, cols: int, needed: Sequence[str]) -> Dict[str, Callable]:
+def _loss_fns(labels, cols: int, needed: Sequence[str],
+              dtype: str = "float32") -> Dict[str, Callable]:
     """Per case, logits -> scalar loss (mean over the batch, as Keras reduces)."""
     import keras
     import tensorflow as tf
@@ -197,12 +209,13 @@ def _loss_fns(labels, cols: int, needed: Sequence[str]) -> Dict[str, Callable]:
 
     one_hot = None
     if any(name.startswith("keras") for name in needed):
-        one_hot = tf.one_hot(labels, cols, dtype=tf.float32)  # Keras's categorical losses need it
+        # Keras's categorical losses need it, in the logits' dtype.
+        one_hot = tf.one_hot(labels, cols, dtype=dtype)
     fns: Dict[str, Callable] = {}
     for name in needed:
         if name.endswith(XLA_SUFFIX):  # the same loss; _step compiles it with XLA
-            fns.update({name: fn for fn in _loss_fns(labels, cols,
-                                                     [name[:-len(XLA_SUFFIX)]]).values()})
+            fns.update({name: fn for fn in _loss_fns(labels, cols, [name[:-len(XLA_SUFFIX)]],
+                                                     dtype).values()})
         elif name == "tf_sparse_ce":
             fns[name] = lambda z: tf.reduce_mean(
                 tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=z))
@@ -311,10 +324,13 @@ class _Progress:
 
 
 def time_size(rows: int, cols: int, repeats: int, progress: _Progress,
-              cases: Sequence[str] = tuple(name for name, _ in CASES)) -> Dict[str, Any]:
-    """Times every case at one size, interleaved; returns medians (ms) and ratios."""
-    logits_np, logits, labels = _make_inputs(rows, cols)
-    fns = _loss_fns(labels, cols, [c for c in cases if c not in ("floor", "tf_floor")])
+              cases: Sequence[str] = tuple(name for name, _ in CASES),
+              dtype: str = "float32") -> Dict[str, Any]:
+    """Times every case at one size, interleaved; returns medians (ms) and ratios. A case that
+    fails in its warm-up (TensorFlow has no kernel for the dtype) is left out, its error kept."""
+    logits_np, logits, labels = _make_inputs(rows, cols, dtype=dtype)
+    itemsize = logits.dtype.size
+    fns = _loss_fns(labels, cols, [c for c in cases if c not in ("floor", "tf_floor")], dtype)
     runners: Dict[str, Callable[[], None]] = {}
     for name, fn in fns.items():
         step = _step(fn, jit_compile=name.endswith(XLA_SUFFIX))
@@ -326,14 +342,24 @@ def time_size(rows: int, cols: int, repeats: int, progress: _Progress,
 
         runners[name] = run
     if "floor" in cases:
-        runners["floor"] = _floor_step(logits_np)
+        # The dtype's bytes as float32 rows (the passes are about bytes, not values): half as
+        # many columns for 16-bit logits.
+        import numpy as np
+
+        rows_of_bytes = logits_np[:, :-(-cols * itemsize // logits_np.itemsize)]
+        runners["floor"] = _floor_step(np.ascontiguousarray(rows_of_bytes))
     if "tf_floor" in cases:
         runners["tf_floor"] = _tf_floor_step(logits)
 
-    names = list(runners)
-    for name in names:  # trace and warm up outside the timing
-        runners[name]()
+    errors: Dict[str, str] = {}
+    for name in list(runners):  # trace and warm up outside the timing
+        try:
+            runners[name]()
+        except Exception as error:  # noqa: BLE001 - reported, the other cases go on
+            errors[name] = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+            del runners[name]
         progress.step(f"{rows}x{cols} warm-up {name}")
+    names = list(runners)
     times: Dict[str, List[float]] = {name: [] for name in names}
     for repeat in range(repeats):
         shift = repeat % len(names)
@@ -347,11 +373,11 @@ def time_size(rows: int, cols: int, repeats: int, progress: _Progress,
     for ratio, numerator, denominator in RATIOS:
         if numerator in medians and denominator in medians and medians[denominator] > 0:
             ratios[ratio] = medians[numerator] / medians[denominator]
-    floor_bytes = 12 * rows * cols
+    floor_bytes = 3 * itemsize * rows * cols
     result = {
         "rows": rows,
         "classes": cols,
-        "dtype": "float32",
+        "dtype": dtype,
         "repeats": repeats,
         "median_ms": medians,
         "min_ms": {name: 1e3 * min(values) for name, values in times.items()},
@@ -359,6 +385,7 @@ def time_size(rows: int, cols: int, repeats: int, progress: _Progress,
         "floor_bytes": floor_bytes,
         "floor_gb_per_s": (floor_bytes / (medians["floor"] * 1e-3) / 1e9
                            if medians.get("floor") else None),
+        "errors": errors,
     }
     del runners, fns, logits, labels, logits_np
     gc.collect()
@@ -535,6 +562,9 @@ def _format_sizes(sizes) -> List[str]:
             for size in sizes))
     lines.append("  (anchor / ours: how many times faster ours is; ours / floor: 1.00 would be "
                  "the memory floor)")
+    for size in sizes:
+        for name, error in size.get("errors", {}).items():
+            lines.append(f"  {size['rows']}x{size['classes']} {name} unavailable: {error}")
     return lines
 
 
@@ -543,7 +573,8 @@ def format_table(report: Dict[str, Any]) -> str:
     lines = [
         f"tf_metal_ops bench: TensorFlow {env['tensorflow']}, {env['machine']}, "
         f"{env['cpu_count']} CPUs, our kernels: {env['cpu_kernel_isa']} x "
-        f"{env['cpu_threads']} threads; float32, forward + backward under tf.function, "
+        f"{env['cpu_threads']} threads; {report['settings'].get('dtype', 'float32')}, "
+        "forward + backward under tf.function, "
         "medians of interleaved runs (ms)",
     ]
     if env.get("tf_cpu_allocator") == "bfc" or env.get("tf_enable_onednn_opts", "unset") != "unset":
@@ -623,6 +654,7 @@ def _run_plan(args: argparse.Namespace, plan, do_memory: bool, memory_size: Tupl
         "schema": SCHEMA,
         "environment": environment(),
         "settings": {"quick": bool(args.quick), "gamma": GAMMA,
+                     "dtype": getattr(args, "dtype", "float32"),
                      "label_smoothing": LABEL_SMOOTHING,
                      "cases": {name: description for name, description in CASES}},
         "sizes": [],
@@ -631,7 +663,8 @@ def _run_plan(args: argparse.Namespace, plan, do_memory: bool, memory_size: Tupl
         "linear_head": None,
     }
     for rows, cols, repeats in plan:
-        result = time_size(rows, cols, repeats, progress)
+        result = time_size(rows, cols, repeats, progress,
+                           dtype=getattr(args, "dtype", "float32"))
         report["sizes"].append(result)
         progress.note(f"{rows}x{cols}: " + ", ".join(
             f"{name} {ms:.2f} ms" for name, ms in result["median_ms"].items()))
