@@ -34,10 +34,12 @@ struct LaunchArgs {
   uint32_t query_name;
   uint32_t reserved;
   alignas(16) unsigned char inline_bytes[kInlineBytes];
+  uint32_t threads_per_grid[3];
 };
 static_assert(offsetof(LaunchArgs, num_buffers) == 96, "LaunchArgs layout");
 static_assert(offsetof(LaunchArgs, inline_bytes) == 112, "LaunchArgs layout");
-static_assert(sizeof(LaunchArgs) == 176, "LaunchArgs layout");
+static_assert(offsetof(LaunchArgs, threads_per_grid) == 176, "LaunchArgs layout");
+static_assert(sizeof(LaunchArgs) == 192, "LaunchArgs layout");
 static_assert(kMaxBuffers <= TFMO_EMU_MAX_BINDINGS, "TfmoEmuResult reports every binding");
 static_assert(sizeof(CustomLossParams) <= kInlineBytes, "params do not fit the inline bytes");
 
@@ -163,40 +165,34 @@ const Kernel* find_kernel(const std::string& name) {
 
 }  // namespace
 
-extern "C" int tfmo_cuda_compile(const char* repo_root, int32_t arch, const char* cubin_path,
-                                 char* log, uint32_t log_size) {
+namespace {
+
+// NVRTC: `source` (named `program_name` in messages) with the stand-in on the include path ->
+// sm_<arch> cubin at cubin_path; the log (warnings too) to `log`.
+int compile_program(const std::string& root, const std::string& source, const char* program_name,
+                    const std::vector<std::string>& extra_options, int32_t arch,
+                    const char* cubin_path, char* log, uint32_t log_size) {
   const NvrtcApi& api = nvrtc();
   if (!api.error.empty()) {
     copy_text(log, log_size, api.error);
     return 0;
   }
-  const std::string root = repo_root;
-  std::string source;
-  if (!read_text(root + "/kernels/custom_loss.metal", &source)) {
-    copy_text(log, log_size, "cannot read " + root + "/kernels/custom_loss.metal");
-    return 0;
-  }
-  // The source text is the file itself: the stand-in comes in through the include path only.
-  const std::vector<std::string> options = {
+  std::vector<std::string> options = {
       "-default-device",
       "-std=c++17",
       "--gpu-architecture=sm_" + std::to_string(arch),
       "--ptxas-options=-v",  // registers, spills and shared memory per kernel, in the log
       "-lineinfo",  // source lines in compute-sanitizer reports; no change to the code
-      // The Metal compiler's own macro: custom_loss_params.h takes its Metal branch (MSL's
-      // uint / long, no C++ standard headers, which NVRTC lacks), as on the Mac.
-      "-D__METAL__",
       "-I" + root + "/tests/msl_cuda/include",
-      "-I" + root + "/kernels",
       // MSL's attributes ([[kernel]], [[buffer(i)]], [[thread_index_in_threadgroup]], ...) are
       // unknown here and ignored; one warning per use would bury the rest of the log.
       "--diag-suppress=1097",
   };
+  options.insert(options.end(), extra_options.begin(), extra_options.end());
   std::vector<const char*> argv;
   for (const std::string& o : options) argv.push_back(o.c_str());
   nvrtcProgram program = nullptr;
-  int rc = api.nvrtcCreateProgram(&program, source.c_str(), "custom_loss.metal", 0, nullptr,
-                                  nullptr);
+  int rc = api.nvrtcCreateProgram(&program, source.c_str(), program_name, 0, nullptr, nullptr);
   if (rc != 0) {
     copy_text(log, log_size, std::string("nvrtcCreateProgram: ") + api.nvrtcGetErrorString(rc));
     return 0;
@@ -225,6 +221,36 @@ extern "C" int tfmo_cuda_compile(const char* repo_root, int32_t arch, const char
   api.nvrtcDestroyProgram(&program);
   copy_text(log, log_size, text);
   return ok ? 1 : 0;
+}
+
+}  // namespace
+
+extern "C" int tfmo_cuda_compile(const char* repo_root, int32_t arch, const char* cubin_path,
+                                 char* log, uint32_t log_size) {
+  const std::string root = repo_root;
+  std::string source;
+  if (!read_text(root + "/kernels/custom_loss.metal", &source)) {
+    copy_text(log, log_size, "cannot read " + root + "/kernels/custom_loss.metal");
+    return 0;
+  }
+  // The source text is the file itself: the stand-in comes in through the include path only.
+  // -D__METAL__ is the Metal compiler's own macro: custom_loss_params.h takes its Metal branch
+  // (MSL's uint / long, no C++ standard headers, which NVRTC lacks), as on the Mac.
+  return compile_program(root, source, "custom_loss.metal", {"-D__METAL__", "-I" + root + "/kernels"},
+                         arch, cubin_path, log, log_size);
+}
+
+extern "C" int tfmo_cuda_compile_generated(const char* repo_root, const char* source,
+                                           int32_t arch, const char* cubin_path, char* log,
+                                           uint32_t log_size) {
+  // TFMO_MSL_HOST: the source's emulator block (its registration names the attributes, which
+  // TFMO_GENERATED_KERNEL repeats) rather than the Metal compiler's explicit instantiation.
+  // That block's registration flag is never read here: warning 177 says so once per source.
+  return compile_program(repo_root, source, "generated.metal",
+                         {"-D__METAL__", "-DTFMO_MSL_GENERATED", "-DTFMO_MSL_HOST",
+                          "--diag-suppress=177"},
+                         arch,
+                         cubin_path, log, log_size);
 }
 
 extern "C" int tfmo_cuda_load(const char* cubin_path, char* error, uint32_t error_size) {
@@ -397,5 +423,50 @@ extern "C" int tfmo_cuda_run(const TfmoEmuCase* c, TfmoEmuResult* result, void* 
   if (r != CUDA_SUCCESS) return fail(cu_error(r, ("launch " + name).c_str()));
   result->dispatched = 1;
   result->ok = 1;
+  return 1;
+}
+
+extern "C" int tfmo_cuda_run_generated(const char* name, const uint32_t* threads_per_grid,
+                                       const uint32_t* threads_per_threadgroup,
+                                       void* const* buffers, uint32_t num_buffers, void* stream,
+                                       char* error, uint32_t error_size) {
+  auto fail = [&](const std::string& message) {
+    copy_text(error, error_size, message);
+    return 0;
+  };
+  const CudaApi& api = cuda();
+  if (!api.error.empty()) return fail(api.error);
+  const Kernel* kernel = find_kernel(name);
+  if (kernel == nullptr) return fail("no kernel named " + std::string(name) + " in the module");
+  if (kernel->pointer_params != num_buffers) {
+    return fail(std::string(name) + " takes " + std::to_string(kernel->pointer_params) +
+                " buffers, " + std::to_string(num_buffers) + " given");
+  }
+  if (num_buffers > kMaxBuffers) return fail("more buffers than LaunchArgs holds");
+  uint64_t threads = 1;
+  uint32_t groups[3];
+  for (int a = 0; a < 3; ++a) {
+    if (threads_per_grid[a] == 0 || threads_per_threadgroup[a] == 0)
+      return fail("grid and threadgroup sizes must be >= 1");
+    threads *= threads_per_threadgroup[a];
+    groups[a] = static_cast<uint32_t>((uint64_t{threads_per_grid[a]} + threads_per_threadgroup[a] -
+                                       1) / threads_per_threadgroup[a]);
+  }
+  if (threads > static_cast<uint64_t>(kernel->max_threads_per_block)) {
+    return fail("a threadgroup of " + std::to_string(threads) + " threads; " + name +
+                " takes at most " + std::to_string(kernel->max_threads_per_block));
+  }
+  LaunchArgs args;
+  std::memset(&args, 0, sizeof(args));
+  args.inline_index = kNoInline;
+  args.num_buffers = num_buffers;
+  for (uint32_t i = 0; i < num_buffers; ++i) args.buffers[i] = buffers[i];
+  for (int a = 0; a < 3; ++a) args.threads_per_grid[a] = threads_per_grid[a];
+  void* params[] = {&args};
+  CUresult r = api.cuLaunchKernel(kernel->function, groups[0], groups[1], groups[2],
+                                  threads_per_threadgroup[0], threads_per_threadgroup[1],
+                                  threads_per_threadgroup[2], 0, static_cast<CUstream>(stream),
+                                  params, nullptr);
+  if (r != CUDA_SUCCESS) return fail(cu_error(r, ("launch " + std::string(name)).c_str()));
   return 1;
 }

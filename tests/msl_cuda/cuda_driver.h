@@ -22,6 +22,12 @@ extern "C" {
 int tfmo_cuda_compile(const char* repo_root, int32_t arch, const char* cubin_path, char* log,
                       uint32_t log_size);
 
+// NVRTC: one generated kernel of tf_metal_ops.metal_kernel (its MSL source as the CPU path
+// compiles it, with TFMO_GENERATED_KERNEL appended: tests/msl_cuda/user_kernels.py) -> cubin.
+// Same contract as tfmo_cuda_compile.
+int tfmo_cuda_compile_generated(const char* repo_root, const char* source, int32_t arch,
+                                const char* cubin_path, char* log, uint32_t log_size);
+
 // Loads the cubin into the calling thread's current context (the primary context of device 0 if
 // there is none, as PyTorch's) and asks every entry point for its host_name. Returns the number
 // of kernels, or -1 with the reason in `error`.
@@ -39,6 +45,14 @@ int tfmo_cuda_kernel_info(int32_t i, char* name, uint32_t name_size, int32_t* re
 // launch errors are reported, execution errors surface at the next synchronization.
 // Returns 1, or 0 with the reason in r->error.
 int tfmo_cuda_run(const TfmoEmuCase* c, TfmoEmuResult* r, void* stream, int32_t init_error_record);
+
+// One launch of a loaded generated kernel as Metal's dispatchThreads makes it:
+// threads_per_grid[3] threads in threadgroups of threads_per_threadgroup[3] (the edge ones cut
+// at the grid), buffers[i] (device pointers) at [[buffer(i)]]. Asynchronous, on `stream`.
+// Returns 1, or 0 with the reason in `error`.
+int tfmo_cuda_run_generated(const char* name, const uint32_t* threads_per_grid,
+                            const uint32_t* threads_per_threadgroup, void* const* buffers,
+                            uint32_t num_buffers, void* stream, char* error, uint32_t error_size);
 
 }  // extern "C"
 
