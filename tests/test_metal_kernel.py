@@ -20,6 +20,7 @@ import tensorflow as tf
 import tf_metal_ops
 from tf_metal_ops import _native, kernels
 from child_python import run_python
+from kernel_sources import POSITIONS_SOURCE
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "msl_host"))
 import msl_build as mb  # noqa: E402
@@ -130,19 +131,7 @@ def test_bool_and_scalar_inputs_and_init_value():
 
 def test_three_dimensional_grid_with_partial_threadgroups():
     """Every attribute of a 3-D dispatchThreads grid whose threadgroup does not divide it."""
-    source = """
-        uint3 p = thread_position_in_grid;
-        uint i = (p.z * threads_per_grid.y + p.y) * threads_per_grid.x + p.x;
-        uint3 g = threadgroup_position_in_grid;
-        uint3 t = thread_position_in_threadgroup;
-        uint3 n = threads_per_threadgroup;
-        out[i * 4 + 0] = int(g.x * 100 + g.y * 10 + g.z);
-        out[i * 4 + 1] = int(n.x * 100 + n.y * 10 + n.z);
-        out[i * 4 + 2] = int((t.z * n.y + t.y) * n.x + t.x) - int(thread_index_in_threadgroup);
-        out[i * 4 + 3] = int(threadgroups_per_grid.x * 100 + threadgroups_per_grid.y * 10 +
-                             threadgroups_per_grid.z);
-    """
-    kernel = tf_metal_ops.metal_kernel("positions", [], ["out"], source)
+    kernel = tf_metal_ops.metal_kernel("positions", [], ["out"], POSITIONS_SOURCE)
     grid, tg = (5, 3, 2), (2, 2, 2)
     (out,) = kernel(inputs=[], output_shapes=[[2, 3, 5, 4]], output_dtypes=[tf.int32],
                     grid=grid, threadgroup=tg)

@@ -30,6 +30,9 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from kernel_sources import POSITIONS_SOURCE  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 
@@ -103,18 +106,7 @@ def _cases():
     """)
     cases.append(("bool_scalar_init_value", above, [tf.range(10, dtype=f32), tf.constant(4.5)],
                   [[10]], [tf.bool], (10, 1, 1), (4, 1, 1), None, 1))
-    positions = mk("positions", [], ["out"], """
-        uint3 p = thread_position_in_grid;
-        uint i = (p.z * threads_per_grid.y + p.y) * threads_per_grid.x + p.x;
-        uint3 g = threadgroup_position_in_grid;
-        uint3 t = thread_position_in_threadgroup;
-        uint3 n = threads_per_threadgroup;
-        out[i * 4 + 0] = int(g.x * 100 + g.y * 10 + g.z);
-        out[i * 4 + 1] = int(n.x * 100 + n.y * 10 + n.z);
-        out[i * 4 + 2] = int((t.z * n.y + t.y) * n.x + t.x) - int(thread_index_in_threadgroup);
-        out[i * 4 + 3] = int(threadgroups_per_grid.x * 100 + threadgroups_per_grid.y * 10 +
-                             threadgroups_per_grid.z);
-    """)
+    positions = mk("positions", [], ["out"], POSITIONS_SOURCE)
     cases.append(("positions_3d_partial", positions, [], [[2, 3, 5, 4]], [tf.int32], (5, 3, 2),
                   (2, 2, 2), None, None))
     histogram = mk("histogram", ["values"], ["counts"], """
