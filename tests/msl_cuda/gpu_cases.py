@@ -15,7 +15,6 @@ case applies to. Reference: tf_metal_ops/reference.py in float64 on the values t
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 import warnings
@@ -34,11 +33,7 @@ import test_msl_emulator as emu_tests  # noqa: E402  (tolerances and comparisons
 
 
 def load_reference():
-    spec = importlib.util.spec_from_file_location("tfmo_reference",
-                                                  REPO / "tf_metal_ops" / "reference.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return mb.load_package_file("reference.py", "tfmo_reference")
 
 
 def _rng(*key) -> np.random.Generator:

@@ -107,16 +107,16 @@ class Clang:
         return f"{self.version} ({self.origin}: {' '.join(self.command)})"
 
 
-def _load_toolchain():
-    """tf_metal_ops/_toolchain.py, loaded by path: importing the package would load TensorFlow."""
-    spec = importlib.util.spec_from_file_location("tfmo_toolchain",
-                                                  REPO / "tf_metal_ops" / "_toolchain.py")
+def load_package_file(filename: str, module_name: str):
+    """A module of tf_metal_ops/ that needs no TensorFlow (_toolchain.py, reference.py), loaded
+    by its path: importing the package would load TensorFlow and the native library."""
+    spec = importlib.util.spec_from_file_location(module_name, REPO / "tf_metal_ops" / filename)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-toolchain = _load_toolchain()
+toolchain = load_package_file("_toolchain.py", "tfmo_toolchain")
 
 
 @functools.lru_cache(maxsize=None)
