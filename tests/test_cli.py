@@ -409,3 +409,26 @@ def test_demo_under_jit_compile_says_the_composed_xla_path_ran():
     line = next(l for l in result.stdout.splitlines() if l.startswith("loss kernels ran on"))
     assert line.startswith("loss kernels ran on: composed (XLA) on "), line
     assert "TfMetalOps>CustomLoss" not in line.split(";")[0], line
+
+
+def test_a_fatal_line_reaches_stderr_when_loading_kills_the_tool(tmp_path):
+    """TensorFlow's load can end the process (a CHECK failure: a fatal line, then abort): the
+    filter process outlives it and still writes that line, while the start-up lines stay held."""
+    script = tmp_path / "dies_while_loading.py"
+    script.write_text(
+        "import os, sys\n"
+        "sys.path.insert(0, sys.argv[1])\n"
+        "from tf_metal_ops import _command_line\n"  # TensorFlow is already loaded: harmless
+        "with _command_line._stderr_without_start_up_log():\n"
+        "    os.write(2, b'I0000 00:00:1796456850.464859   21 port.cc:153] oneDNN notice\\n')\n"
+        "    print('a Python warning before the end', file=sys.stderr, flush=True)\n"
+        "    os.write(2, b'F0000 00:00:1796456850.5   21 cpu_feature_guard.cc:9] Check failed\\n')\n"
+        "    os.abort()\n")
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(_command_line.__file__)))
+    result = subprocess.run([sys.executable, str(script), package_root], capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode != 0
+    lines = [line for line in result.stderr.splitlines() if line]
+    assert lines[-2:] == ["a Python warning before the end",
+                          "F0000 00:00:1796456850.5   21 cpu_feature_guard.cc:9] Check failed"]
+    assert "oneDNN notice" not in result.stderr

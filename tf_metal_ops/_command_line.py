@@ -13,30 +13,25 @@ static initializers (x86-64: "oneDNN custom operations are on", once per library
 TensorFlow applies TF_CPP_MIN_LOG_LEVEL and before anything calls ``absl::InitializeLog()``:
 Abseil writes those to stderr whatever the level, after its banner "WARNING: All log messages
 before absl::InitializeLog() is called are written to STDERR". Nothing outside the process can
-set Abseil's level that early, so while TensorFlow loads, file descriptor 2 goes to a temporary
-file, and afterwards every line of it except Abseil's banner and its info, warning and error
-lines is written to stderr (Python's warnings and tracebacks among them, in their order). A
-process that dies while TensorFlow loads loses that file: with TF_CPP_MIN_LOG_LEVEL set, nothing
-is held back.
+set Abseil's level that early, so while TensorFlow loads, file descriptor 2 is a pipe into a
+filter process (tf_metal_ops/_start_up_log_filter.py) that passes every line but Abseil's banner
+and its info, warning and error lines to the real stderr, in their order (Python's warnings and
+tracebacks among them). A process of its own, not a thread: when TensorFlow's load kills the
+tool (a fatal "Check failed" line, then abort), the filter still writes that line.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import re
+import subprocess
 import sys
-import tempfile
 from typing import Iterator
+
+from tf_metal_ops import _start_up_log_filter
 
 PROGRAM = "tf-metal-ops"
 LOG_LEVEL_ENV = "TF_CPP_MIN_LOG_LEVEL"
-# Abseil's banner, and its line prefix "<severity><MMDD> <hh:mm:ss.micros> <thread> <file:line>] "
-# at severities I, W and E (a fatal line, F, stays). Before its log is initialized, Abseil
-# writes the date as 0000 and the whole Unix time as seconds: "I0000 00:00:1796456850.464859".
-START_UP_LOG_LINE = re.compile(
-    rb"WARNING: All log messages before absl::InitializeLog\(\)"
-    rb"|[IWE]\d{4} \d\d:\d\d:\d+\.\d+ +\d+ [^ \]]+:\d+\] ")
 
 
 def invoked_as_command() -> bool:
@@ -68,9 +63,9 @@ def quiet_tensorflow_log_for_command() -> Iterator[None]:
 
 
 def without_start_up_log(captured: bytes) -> bytes:
-    """`captured` less the lines that START_UP_LOG_LINE matches."""
+    """`captured` less the lines that the filter process holds back."""
     return b"".join(line for line in captured.splitlines(keepends=True)
-                    if not START_UP_LOG_LINE.match(line))
+                    if not _start_up_log_filter.is_start_up_log_line(line))
 
 
 @contextlib.contextmanager
@@ -83,21 +78,36 @@ def _stderr_without_start_up_log() -> Iterator[None]:
         yield
         return
     try:
-        captured = tempfile.TemporaryFile()
-    except OSError:  # no writable temporary directory: TensorFlow's lines stay
+        read_end, write_end = os.pipe()
+    except OSError:
         os.close(saved)
         yield
         return
-    with captured:
-        os.dup2(captured.fileno(), 2)
+    try:
+        # -I -S: the filter needs only the standard library; the user's environment and site
+        # packages would only slow its start.
+        log_filter = subprocess.Popen(
+            [sys.executable, "-I", "-S", _start_up_log_filter.__file__],
+            stdin=read_end, stdout=saved, stderr=saved)
+    except (OSError, ValueError):  # no interpreter to start (an embedded Python): lines stay
+        for fd in (read_end, write_end, saved):
+            os.close(fd)
+        yield
+        return
+    os.close(read_end)
+    os.dup2(write_end, 2)
+    os.close(write_end)
+    try:
+        yield
+    finally:
+        if sys.stderr is not None:
+            sys.stderr.flush()
+        os.dup2(saved, 2)  # closes this process's last end of the pipe: the filter drains, exits
+        os.close(saved)
+        # Waited for, so that its lines come before whatever the tool writes next.
         try:
-            yield
-        finally:
-            if sys.stderr is not None:
-                sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            captured.seek(0)
-            kept = without_start_up_log(captured.read())
-            if kept:
-                os.write(2, kept)
+            log_filter.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            # A child process TensorFlow started holds the pipe open: the filter goes on beside
+            # the tool and ends with that child.
+            pass
