@@ -207,6 +207,16 @@ Error InitValueBytes(TF_DataType dtype, float value, std::vector<uint8_t>* bytes
   return Error::Ok();
 }
 
+bool FillGrid(int64_t elements, uint32_t grid[2]) {
+  if (elements < 1) return false;
+  const int64_t row = std::min<int64_t>(elements, kFillRowThreads);
+  const int64_t rows = (elements - 1) / row + 1;
+  if (rows > 0xFFFFFFFFll) return false;
+  grid[0] = static_cast<uint32_t>(row);
+  grid[1] = static_cast<uint32_t>(rows);
+  return true;
+}
+
 std::vector<Binding> BufferBindings(const std::vector<int>& input_ranks,
                                     const std::vector<int64_t>& shape_params, int num_outputs) {
   std::vector<Binding> bindings;

@@ -62,6 +62,12 @@ size_t ElementSize(TF_DataType dtype);
 // even; integers by C++'s conversion, as the CPU path has always filled them).
 Error InitValueBytes(TF_DataType dtype, float value, std::vector<uint8_t>* bytes);
 
+// The 2-D grid of the Metal path's init_value fill (csrc/metal/fill_kernel_source.h), one
+// thread per element: rows of up to kFillRowThreads threads. False when `elements` < 1 or the
+// rows would be more than 2^32 - 1.
+inline constexpr uint32_t kFillRowThreads = 65536;
+bool FillGrid(int64_t elements, uint32_t grid[2]);
+
 // The kernel's buffers in [[buffer(i)]] order, as tf_metal_ops/kernels.py generates the
 // signature: each input, then (rank > 0 only) the shape, strides and ndim it asked for, in that
 // order; then every output.

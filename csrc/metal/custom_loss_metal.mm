@@ -26,7 +26,10 @@
 #include "csrc/metal/error_record_slots.h"
 #include "csrc/metal/kernel_library.h"
 #include "csrc/metal/launch_plan.h"
+#include "csrc/metal/metal_kernel_metal.h"
+#include "csrc/metal/metal_messages.h"
 #include "csrc/metal/metal_stream.h"
+#include "csrc/metal_kernel.h"
 #include "csrc/pending_errors.h"
 #include "csrc/problem.h"
 #include "csrc/runtime.h"
@@ -100,24 +103,6 @@ Error MakeLaunchDesc(const CustomLossProblem& problem, gpu::LaunchDesc* desc) {
   desc->has_row_stats = forward || problem.has_row_stats;
   desc->has_row_scales = forward && problem.has_row_scales;
   return Error::Ok();
-}
-
-std::string Describe(NSError* error) {
-  if (error == nil) return "no error description";
-  const char* text = [[error localizedDescription] UTF8String];
-  return text != nullptr ? text : "an error without a description";
-}
-
-const char* StatusName(MTLCommandBufferStatus status) {
-  switch (status) {
-    case MTLCommandBufferStatusNotEnqueued: return "not enqueued";
-    case MTLCommandBufferStatusEnqueued: return "enqueued";
-    case MTLCommandBufferStatusCommitted: return "committed";
-    case MTLCommandBufferStatusScheduled: return "scheduled";
-    case MTLCommandBufferStatusCompleted: return "completed";
-    case MTLCommandBufferStatusError: return "error";
-  }
-  return "unknown";
 }
 
 // The buffer to bind for `role`. An empty class_weights tensor may have no Metal buffer at all,
@@ -372,8 +357,9 @@ void EncodeOnQueue(id<TF_MetalStream> stream, const CustomLossProblem& problem,
   const MTLCommandBufferStatus status = [command_buffer status];
   if (status != MTLCommandBufferStatusCompleted) {
     outcome->error = Error::Internal(context + ": the Metal kernel " + kernel_name +
-                                     " failed on the GPU (command buffer " + StatusName(status) +
-                                     "): " + Describe([command_buffer error]));
+                                     " failed on the GPU (command buffer " +
+                                     metal::StatusName(status) +
+                                     "): " + metal::Describe([command_buffer error]));
     return;
   }
   outcome->gpu_seconds = [command_buffer GPUEndTime] - [command_buffer GPUStartTime];
@@ -597,6 +583,11 @@ void RegisterGpuKernels() {
     RegisterGpuKernel(kGradientOpName, &CreateGradientKernel, type);
     std::lock_guard<std::mutex> lock(RegistrationMutex());
     RegisteredDtypes().push_back(type.name);
+  }
+  // Users' kernels (tf_metal_ops.metal_kernel): behind the same gate, for the same reason.
+  if (std::string e = metal::RegisterMetalKernelForAppleStream(); !e.empty()) {
+    std::lock_guard<std::mutex> lock(RegistrationMutex());
+    RegistrationErrors().push_back(std::string(kMetalKernelOpName) + ": " + e);
   }
 }
 

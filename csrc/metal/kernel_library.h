@@ -18,6 +18,12 @@
 namespace tf_metal_ops {
 namespace metal {
 
+// Turns fast math off. Metal compiles with fast math by default: it may reorder and contract
+// floating-point operations and use approximate exp/log, which a loss cannot afford (log-sum-exp
+// cancellation, -inf logits, the (1 - p)^gamma limits). Safe math keeps IEEE semantics. Our loss
+// library and users' metal_kernel sources (as MLX compiles its own) use it.
+void UseSafeMath(MTLCompileOptions* options);
+
 // The pipeline of the kernel whose [[host_name]] is `kernel_name` on `device`, built on first use;
 // nil with `*error` set when the library cannot be loaded or has no such kernel. A failure to load
 // the library is remembered (the files will not appear while the process runs), so later calls

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "csrc/metal/kernel_source.h"
+#include "csrc/metal/metal_messages.h"
 #include "kernels/custom_loss_params.h"
 
 // Which form of the kernel library setup.py installed: "precompiled" (a .metallib) or "source".
@@ -54,12 +55,6 @@ DeviceKernels& EntryFor(id<MTLDevice> device) {
   return *entries->back();
 }
 
-std::string Describe(NSError* error) {
-  if (error == nil) return "no error description";
-  const char* text = [[error localizedDescription] UTF8String];
-  return text != nullptr ? text : "an error without a description";
-}
-
 NSString* ToNSString(const std::string& text) {
   // nil for text that is not UTF-8; callers check.
   return [NSString stringWithUTF8String:text.c_str()];
@@ -78,21 +73,6 @@ bool NativeLibraryDirectory(std::string* directory, Error* error) {
   }
   *directory = DirectoryOf(info.dli_fname);
   return true;
-}
-
-// Metal compiles with fast math by default: it may reorder and contract floating-point operations
-// and use approximate exp/log, which a loss cannot afford (log-sum-exp cancellation, -inf logits,
-// the (1 - p)^gamma limits). Safe math keeps IEEE semantics. `mathMode` replaces `fastMathEnabled`
-// from macOS 15 on; older systems only know the latter.
-void UseSafeMath(MTLCompileOptions* options) {
-  if (@available(macOS 15.0, *)) {
-    options.mathMode = MTLMathModeSafe;
-  } else {
-#pragma clang diagnostic push
-#pragma clang diagnostic ignored "-Wdeprecated-declarations"
-    options.fastMathEnabled = NO;
-#pragma clang diagnostic pop
-  }
 }
 
 id<MTLLibrary> LoadPrecompiled(id<MTLDevice> device, const std::string& path, std::string* why) {
@@ -166,6 +146,18 @@ void LoadLibrary(DeviceKernels* entry) {
 }
 
 }  // namespace
+
+// `mathMode` replaces `fastMathEnabled` from macOS 15 on; older systems only know the latter.
+void UseSafeMath(MTLCompileOptions* options) {
+  if (@available(macOS 15.0, *)) {
+    options.mathMode = MTLMathModeSafe;
+  } else {
+#pragma clang diagnostic push
+#pragma clang diagnostic ignored "-Wdeprecated-declarations"
+    options.fastMathEnabled = NO;
+#pragma clang diagnostic pop
+  }
+}
 
 id<MTLComputePipelineState> GetComputePipeline(id<MTLDevice> device, const std::string& kernel_name,
                                                Error* error) {
