@@ -88,8 +88,9 @@ void EncodeOnQueue(id<TF_MetalStream> stream, const MetalKernelAttrs& a,
   }
   if (!launch.has_work) return;  // every output is empty: nothing to dispatch
 
-  const uint64_t threads = static_cast<uint64_t>(launch.threadgroup[0]) * launch.threadgroup[1] *
-                           launch.threadgroup[2];
+  // At most 1024 (CheckThreadgroup), so NSUInteger cannot overflow.
+  const NSUInteger threads = static_cast<NSUInteger>(launch.threadgroup[0]) *
+                             launch.threadgroup[1] * launch.threadgroup[2];
   const NSUInteger most = [pipeline maxTotalThreadsPerThreadgroup];
   if (threads > most) {
     outcome->error = Error::InvalidArgument(
