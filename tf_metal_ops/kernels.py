@@ -431,7 +431,8 @@ def metal_kernel(name: str, input_names: Sequence[str], output_names: Sequence[s
     `device atomic<T>* name` with `atomic_outputs`, `name_shape` / `name_strides` /
     `name_ndim` for an input the body names that way, and the thread attributes the body
     names). `header` goes before the kernel. Runs on the CPU through the MSL emulator
-    (docs/kernels.md); the Apple GPU path is not built yet.
+    (docs/kernels.md); on Apple's GPU (tensorflow-metal) the op has a Metal kernel, built but
+    never run on a Mac.
     """
     return MetalKernel(name, input_names, output_names, source, header, ensure_row_contiguous,
                        atomic_outputs)
