@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <utility>
 
 #include "csrc/cpu/float_types.h"
@@ -102,6 +103,17 @@ Error ReadMetalKernelAttrs(TF_OpKernelConstruction* ctx, MetalKernelAttrs* a) {
   }
   return Error::Ok();
 }
+
+void* CreateMetalKernel(TF_OpKernelConstruction* ctx) {
+  auto attrs = std::make_unique<MetalKernelAttrs>();
+  if (Error e = ReadMetalKernelAttrs(ctx, attrs.get()); !e.ok()) {
+    FailConstruction(ctx, e);
+    return nullptr;
+  }
+  return attrs.release();
+}
+
+void DeleteMetalKernel(void* kernel) { delete static_cast<MetalKernelAttrs*>(kernel); }
 
 Error CheckGrid(const std::string& kernel_name, const int64_t* values, int64_t count,
                 uint32_t grid[3]) {

@@ -31,6 +31,11 @@ struct MetalKernelAttrs {
 // Reads the attributes and checks what does not depend on the inputs (threadgroup, output_ranks).
 Error ReadMetalKernelAttrs(TF_OpKernelConstruction* ctx, MetalKernelAttrs* attrs);
 
+// The create and delete functions of every kernel of the op: a MetalKernelAttrs read by
+// ReadMetalKernelAttrs (nullptr, the construction failed, when they are bad).
+void* CreateMetalKernel(TF_OpKernelConstruction* ctx);
+void DeleteMetalKernel(void* kernel);
+
 // Three values, each in [1, 1024], at most 1024 threads in all.
 Error CheckThreadgroup(const std::vector<int64_t>& threadgroup);
 

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
-#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -92,25 +91,15 @@ Error Run(const MetalKernelAttrs& a, TF_OpKernelContext* ctx) {
   return Error::Ok();
 }
 
-void* Create(TF_OpKernelConstruction* ctx) {
-  auto attrs = std::make_unique<MetalKernelAttrs>();
-  if (Error e = ReadMetalKernelAttrs(ctx, attrs.get()); !e.ok()) {
-    FailConstruction(ctx, e);
-    return nullptr;
-  }
-  return attrs.release();
-}
-
 void Compute(void* kernel, TF_OpKernelContext* ctx) {
   if (Error e = Run(*static_cast<const MetalKernelAttrs*>(kernel), ctx); !e.ok()) FailKernel(ctx, e);
 }
 
-void Delete(void* kernel) { delete static_cast<MetalKernelAttrs*>(kernel); }
-
 void RegisterKernel() {
   StatusPtr status = NewStatus();
   TF_KernelBuilder* builder =
-      TF_NewKernelBuilder(kMetalKernelOpName, "CPU", &Create, &Compute, &Delete);
+      TF_NewKernelBuilder(kMetalKernelOpName, "CPU", &CreateMetalKernel, &Compute,
+                          &DeleteMetalKernel);
   TF_RegisterKernelBuilder((std::string(kMetalKernelOpName) + "_CPU").c_str(), builder,
                            status.get());
   if (TF_GetCode(status.get()) != TF_OK) {

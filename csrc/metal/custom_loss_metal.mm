@@ -196,21 +196,16 @@ Error FlushStreams() {
 void EncodeOnQueue(id<TF_MetalStream> stream, const CustomLossProblem& problem,
                    const gpu::LaunchDesc& desc, const TensorBuffers& tensors, bool wait,
                    const std::string& context, EncodeOutcome* outcome) {
-  if (wait) {
-    // Commit (and wait for) whatever earlier ops batched into the current command buffer, so the
-    // one we encode into holds our kernel alone: its status, error and GPU time are then ours.
-    // Debug mode only; it costs one extra synchronization per op.
-    [stream commitAndWait];
-  }
-  id<MTLCommandBuffer> command_buffer = [stream currentCommandBuffer];
+  Error error;
+  id<MTLCommandBuffer> command_buffer =
+      metal::CommandBufferForEncoding(stream, wait, context, &error);
   if (command_buffer == nil) {
-    outcome->error = Error::Internal(context + ": the GPU stream has no command buffer");
+    outcome->error = error;
     return;
   }
   id<MTLDevice> device = [command_buffer device];
 
   const std::string kernel_name = gpu::KernelName(desc);
-  Error error;
   // Built (or the library compiled) on first use, here on the queue: the device is known only
   // from the command buffer, and a pipeline must come from the device that runs it.
   id<MTLComputePipelineState> pipeline = metal::GetComputePipeline(device, kernel_name, &error);

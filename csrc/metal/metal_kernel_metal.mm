@@ -15,7 +15,6 @@
 #include <dispatch/dispatch.h>
 
 #include <algorithm>
-#include <memory>
 #include <string>
 #include <vector>
 
@@ -66,18 +65,14 @@ std::string SizeString(const uint32_t size[3]) {
 void EncodeOnQueue(id<TF_MetalStream> stream, const MetalKernelAttrs& a,
                    const MetalKernelLaunch& launch, bool wait, EncodeOutcome* outcome) {
   const std::string context = MetalKernelContext(a);
-  if (wait) {
-    // Commit (and wait for) what earlier ops batched, so the command buffer we encode into holds
-    // this kernel alone: its status, error and GPU time are then ours. Debug mode only.
-    [stream commitAndWait];
-  }
-  id<MTLCommandBuffer> command_buffer = [stream currentCommandBuffer];
+  Error error;
+  id<MTLCommandBuffer> command_buffer =
+      metal::CommandBufferForEncoding(stream, wait, context, &error);
   if (command_buffer == nil) {
-    outcome->error = Error::Internal(context + ": the GPU stream has no command buffer");
+    outcome->error = error;
     return;
   }
   id<MTLDevice> device = [command_buffer device];
-  Error error;
   // Compiled here, on first use: the device is known only from the command buffer. The source
   // is compiled even when there is nothing to run, so a broken one fails on every device alike.
   id<MTLComputePipelineState> pipeline =
@@ -222,22 +217,11 @@ void ComputeOnGpu(const MetalKernelAttrs& attrs, TF_OpKernelContext* ctx) {
   }
 }
 
-void* Create(TF_OpKernelConstruction* ctx) {
-  auto attrs = std::make_unique<MetalKernelAttrs>();
-  if (Error e = ReadMetalKernelAttrs(ctx, attrs.get()); !e.ok()) {
-    FailConstruction(ctx, e);
-    return nullptr;
-  }
-  return attrs.release();
-}
-
 void Compute(void* kernel, TF_OpKernelContext* ctx) {
   @autoreleasepool {
     ComputeOnGpu(*static_cast<const MetalKernelAttrs*>(kernel), ctx);
   }
 }
-
-void Delete(void* kernel) { delete static_cast<MetalKernelAttrs*>(kernel); }
 
 }  // namespace
 
@@ -246,7 +230,8 @@ namespace metal {
 std::string RegisterMetalKernelForAppleStream() {
   StatusPtr status = NewStatus();
   TF_KernelBuilder* builder =
-      TF_NewKernelBuilder(kMetalKernelOpName, "GPU", &Create, &Compute, &Delete);
+      TF_NewKernelBuilder(kMetalKernelOpName, "GPU", &CreateMetalKernel, &Compute,
+                          &DeleteMetalKernel);
   // Read on the host by metal_kernel_args.cc (the grid and the output shapes decide the
   // dispatch and the allocations before anything is encoded).
   TF_KernelBuilder_HostMemory(builder, "output_shapes");

@@ -2,15 +2,14 @@
 // released by the compiler (never, in practice: the cache lives as long as the process).
 #import "csrc/metal/user_kernel_library.h"
 
-#include <memory>
 #include <mutex>
 #include <unordered_map>
 #include <utility>
-#include <vector>
 
 #include "csrc/metal/fill_kernel_source.h"
 #include "csrc/metal/kernel_library.h"
 #include "csrc/metal/metal_messages.h"
+#include "csrc/metal/per_device.h"
 
 namespace tf_metal_ops {
 namespace metal {
@@ -33,59 +32,33 @@ struct DeviceUserKernels {
   id<MTLBuffer> placeholder;
 };
 
-// Never destroyed, like kernel_library.mm's cache: kernels may run while the process exits.
+// Never destroyed, like the entries (per_device.h says why).
 std::mutex& CacheMutex() {
   static auto* mutex = new std::mutex();
   return *mutex;
 }
 
-// One entry per device; Apple silicon has one GPU, so a linear search is enough.
-DeviceUserKernels& EntryFor(id<MTLDevice> device) {
-  static auto* entries = new std::vector<std::unique_ptr<DeviceUserKernels>>();
-  for (const auto& entry : *entries) {
-    if (entry->device == device) return *entry;
-  }
-  entries->push_back(std::make_unique<DeviceUserKernels>());
-  entries->back()->device = device;
-  return *entries->back();
-}
 
 Error NoDevice() { return Error::Internal("tf_metal_ops: the command buffer has no Metal device"); }
 
 // Compiles `source` with safe math; nil with `*error` set to the compiler's message.
 id<MTLLibrary> CompileLibrary(id<MTLDevice> device, const std::string& source, Error* error) {
-  NSString* text = [NSString stringWithUTF8String:source.c_str()];
-  if (text == nil) {
-    *error = Error::InvalidArgument("the kernel source is not UTF-8");
-    return nil;
-  }
-  MTLCompileOptions* options = [[MTLCompileOptions alloc] init];
-  UseSafeMath(options);
-  NSError* ns_error = nil;
-  // A library may come back with an NSError that only carries warnings: nil is the failure.
-  id<MTLLibrary> library = [device newLibraryWithSource:text options:options error:&ns_error];
+  std::string why;
+  id<MTLLibrary> library = CompileWithSafeMath(device, source, &why);
   if (library == nil) {
-    *error = Error::InvalidArgument("the Metal compiler rejected the source:\n" +
-                                    Describe(ns_error));
+    *error = Error::InvalidArgument("the Metal compiler rejected the source:\n" + why);
   }
   return library;
 }
 
 id<MTLComputePipelineState> BuildPipeline(id<MTLDevice> device, id<MTLLibrary> library,
                                           const std::string& kernel_name, Error* error) {
-  NSString* name = [NSString stringWithUTF8String:kernel_name.c_str()];
-  id<MTLFunction> function = name != nil ? [library newFunctionWithName:name] : nil;
-  if (function == nil) {
-    *error = Error::InvalidArgument("the compiled source has no kernel named '" + kernel_name +
-                                    "'");
-    return nil;
-  }
-  NSError* ns_error = nil;
+  bool missing = false;
+  std::string why;
   id<MTLComputePipelineState> pipeline =
-      [device newComputePipelineStateWithFunction:function error:&ns_error];
+      NewComputePipeline(device, library, kernel_name, &missing, &why);
   if (pipeline == nil) {
-    *error = Error::InvalidArgument("building the compute pipeline of '" + kernel_name +
-                                    "' failed: " + Describe(ns_error));
+    *error = Error::InvalidArgument(missing ? "the compiled source has " + why : why);
   }
   return pipeline;
 }
@@ -101,7 +74,7 @@ id<MTLComputePipelineState> GetUserKernelPipeline(id<MTLDevice> device, const st
   // Held while compiling: another thread asking for the same source waits for this compile
   // instead of starting its own.
   std::lock_guard<std::mutex> lock(CacheMutex());
-  DeviceUserKernels& entry = EntryFor(device);
+  DeviceUserKernels& entry = EntryForDevice<DeviceUserKernels>(device);
   std::string key = kernel_name;
   key.push_back('\0');  // no kernel name holds a NUL, so (name, source) pairs map one-to-one
   key += source;
@@ -136,7 +109,7 @@ id<MTLComputePipelineState> GetFillPipeline(id<MTLDevice> device, size_t element
       return nil;
   }
   std::lock_guard<std::mutex> lock(CacheMutex());
-  DeviceUserKernels& entry = EntryFor(device);
+  DeviceUserKernels& entry = EntryForDevice<DeviceUserKernels>(device);
   if (!entry.fill_attempted) {
     entry.fill_attempted = true;
     id<MTLLibrary> library = CompileLibrary(device, kFillKernelSource, &entry.fill_error);
@@ -160,7 +133,7 @@ id<MTLBuffer> GetPlaceholderBuffer(id<MTLDevice> device, Error* error) {
     return nil;
   }
   std::lock_guard<std::mutex> lock(CacheMutex());
-  DeviceUserKernels& entry = EntryFor(device);
+  DeviceUserKernels& entry = EntryForDevice<DeviceUserKernels>(device);
   if (entry.placeholder == nil) {
     // Untracked: nothing reads or writes it, so it must not order unrelated command buffers.
     entry.placeholder = [device newBufferWithLength:16
