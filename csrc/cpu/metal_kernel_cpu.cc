@@ -87,12 +87,16 @@ Error Run(const MetalKernelAttrs& a, TF_OpKernelContext* ctx) {
       if (first_error.empty()) first_error = error;
     }
   });
-  if (!first_error.empty()) return Error::InvalidArgument(MetalKernelContext(a) + ": " + first_error);
+  if (!first_error.empty()) {
+    return Error::InvalidArgument(MetalKernelContext(a) + ": " + first_error);
+  }
   return Error::Ok();
 }
 
 void Compute(void* kernel, TF_OpKernelContext* ctx) {
-  if (Error e = Run(*static_cast<const MetalKernelAttrs*>(kernel), ctx); !e.ok()) FailKernel(ctx, e);
+  if (Error e = Run(*static_cast<const MetalKernelAttrs*>(kernel), ctx); !e.ok()) {
+    FailKernel(ctx, e);
+  }
 }
 
 void RegisterKernel() {

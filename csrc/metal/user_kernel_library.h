@@ -21,10 +21,10 @@ namespace tf_metal_ops {
 namespace metal {
 
 // The pipeline of `kernel_name` in `source`, compiled with safe math (kernel_library.h's
-// CompileWithSafeMath), as MLX compiles its users' kernels. nil with `*error` set: InvalidArgument with
-// the Metal compiler's message when the source does not compile (the generated source's #line
-// markers make it name `source:LINE` / `header:LINE`, the user's own lines), or when it has no
-// such kernel or no pipeline can be built for it.
+// CompileWithSafeMath), as MLX compiles its users' kernels. nil with `*error` set:
+// InvalidArgument with the Metal compiler's message when the source does not compile (the
+// generated source's #line markers make it name `source:LINE` / `header:LINE`, the user's own
+// lines), or when it has no such kernel or no pipeline can be built for it.
 id<MTLComputePipelineState> GetUserKernelPipeline(id<MTLDevice> device, const std::string& source,
                                                   const std::string& kernel_name, Error* error);
 
