@@ -132,6 +132,7 @@ def native_extension(
         "csrc/runtime.cc",
         "csrc/python_module.cc",
         "csrc/kernel_compiler.cc",
+        "csrc/metal_kernel_args.cc",
         "csrc/cpu/custom_loss_cpu.cc",
         "csrc/cpu/metal_kernel_cpu.cc",
         "csrc/cpu/add_into_cpu.cc",

@@ -19,7 +19,7 @@ void SetCommitMode(CommitMode mode);
 struct KernelTiming {
   std::string op;           // "TfMetalOps>CustomLoss"
   std::string kernel_name;  // the Metal function's host name
-  std::string shape;        // logits shape, "[8, 1000]"
+  std::string shape;        // logits shape, "[8, 1000]"; a metal_kernel's "grid (4000, 1, 1)"
   double gpu_seconds = 0;   // GPUEndTime - GPUStartTime
 };
 void RecordKernelTiming(KernelTiming timing);

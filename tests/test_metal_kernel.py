@@ -237,6 +237,32 @@ def test_compile_error_names_the_line():
         kernel(inputs=[tf.ones([1])], output_shapes=[[1]], output_dtypes=[tf.float32],
                grid=(1, 1, 1), threadgroup=(1, 1, 1))
     assert "metal_kernel 'custom_kernel_broken_float_float'" in str(error.value)
+    assert re.search(r"\bsource:1:\d+: error", str(error.value)), str(error.value)
+
+
+def test_compile_errors_name_the_users_own_lines():
+    """The generated source's #line markers: the compiler names the body's and the header's own
+    lines (the same text is what Metal compiles on a Mac), and the generated lines keep the
+    numbering `verbose=True` prints."""
+    body = "uint i = thread_position_in_grid.x;\n\nout[i] = inp[i] + not_in_body;\n"
+    header = "inline float helper(float x) { return x; }\nconstant int c = not_in_header;"
+    kernel = tf_metal_ops.metal_kernel("lines", ["inp"], ["out"], body, header=header)
+    with pytest.raises(tf.errors.InvalidArgumentError) as error:
+        kernel(inputs=[tf.ones([1])], output_shapes=[[1]], output_dtypes=[tf.float32],
+               grid=(1, 1, 1), threadgroup=(1, 1, 1))
+    message = str(error.value)
+    assert re.search(r"\bsource:3:\d+: error: .*not_in_body", message), message
+    assert re.search(r"\bheader:2:\d+: error: .*not_in_header", message), message
+    for template in ([], [("T", "typename", "float")]):
+        _, source = kernel.generate(["float"], [1], ["float"], template)
+        lines = source.splitlines()
+        resumes = [(n, line) for n, line in enumerate(lines, 1) if line.startswith("#line ")
+                   and line.endswith(f'"{kernels.GENERATED_FILE}"')]
+        assert len(resumes) == 2, source
+        for number, line in resumes:
+            assert line == f'#line {number + 1} "{kernels.GENERATED_FILE}"'
+        body_start = lines.index('#line 1 "source"') + 1
+        assert lines[body_start:body_start + 3] == body.splitlines()
 
 
 def test_broken_synchronization_fails_the_op():

@@ -34,7 +34,8 @@ METAL_DIR = REPO_ROOT / "csrc" / "metal"
 APPLE_DECLS = REPO_ROOT / "tests" / "apple_decls"
 
 # The host files that must exist: a glob alone would pass vacuously if they were renamed away.
-EXPECTED_MM_FILES = {"custom_loss_metal.mm", "kernel_library.mm", "metal_stream.mm"}
+EXPECTED_MM_FILES = {"custom_loss_metal.mm", "kernel_library.mm", "metal_stream.mm",
+                     "metal_kernel_metal.mm", "user_kernel_library.mm"}
 
 OBJC_FLAGS = [
     "-x", "objective-c++",
@@ -124,6 +125,19 @@ def test_objc_check_rejects_misspelled_selector(objc_compiler, tmp_path):
     result = compile_objc(objc_compiler, source)
     assert result.returncode != 0, "a misspelled selector compiled: the check cannot catch typos"
     assert "setComputePipelineStat:" in result.stderr, result.stderr
+
+
+def test_objc_check_covers_the_metal_kernel_encoder(objc_compiler, tmp_path):
+    # metal_kernel's encoder dispatches with dispatchThreads:threadsPerThreadgroup:, declared
+    # from Apple's page: a wrong selector there fails like one in the loss encoder.
+    source = mutated_copy(
+        tmp_path, "metal_kernel_metal.mm",
+        "[encoder dispatchThreads:MTLSizeMake(launch.grid[0]",
+        "[encoder dispatchThread:MTLSizeMake(launch.grid[0]",
+    )
+    result = compile_objc(objc_compiler, source)
+    assert result.returncode != 0, "a misspelled dispatchThreads selector compiled"
+    assert "dispatchThread:" in result.stderr, result.stderr
 
 
 def test_objc_check_rejects_wrong_selector_argument_type(objc_compiler, tmp_path):

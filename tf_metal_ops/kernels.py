@@ -164,6 +164,33 @@ def _template_value(name: str, value: Any) -> Tuple[str, str]:
     raise TypeError(f"template {name!r}: {value!r} is neither a dtype, an int nor a bool")
 
 
+# The file name compiler messages give the generated lines (the verbose printout's numbering).
+GENERATED_FILE = "generated"
+
+
+def _from_user(argument: str, text: str) -> List[str]:
+    """`text` (the body or the header) between `#line` markers, so that a compiler's messages
+    about it, the host compiler's and Metal's alike, name the argument and the user's own line
+    ("source:3:12: error: ..."). The placeholder after it becomes the marker that returns to the
+    generated source's own numbering (`_number_resumes`)."""
+    return [f'#line 1 "{argument}"', text, _RESUME]
+
+
+_RESUME = "\0tfmo-resume-line\0"  # replaced by _number_resumes once the lines are known
+
+
+def _number_resumes(lines: List[str]) -> List[str]:
+    """Replaces each resume placeholder by `#line N "generated"`, N the physical number of the
+    line after it in the final source (entries may span several lines)."""
+    out, physical = [], 0
+    for entry in lines:
+        if entry == _RESUME:
+            entry = f'#line {physical + 2} "{GENERATED_FILE}"'
+        out.append(entry)
+        physical += entry.count("\n") + 1
+    return out
+
+
 def _used(name: str, text: str) -> bool:
     return re.search(rf"\b{re.escape(name)}\b", text) is not None
 
@@ -248,7 +275,7 @@ class MetalKernel:
         params += [f"{t} {a} [[{a}]]" for a, t in self.attributes]
         lines = ["#include <metal_stdlib>", "using namespace metal;", ""]
         if self.header:
-            lines += [self.header, ""]
+            lines += _from_user("header", self.header) + [""]
         instance = kernel_name
         if template:
             lines.append("template <" + ", ".join(f"{kind} {name}" for name, kind, _ in template)
@@ -256,7 +283,7 @@ class MetalKernel:
             instance += "<" + ", ".join(v for _, _, v in template) + ">"
         lines.append(f"[[kernel]] void {kernel_name}(")
         lines.append(",\n".join("    " + p for p in params) + ") {")
-        lines += [self.source, "}", ""]
+        lines += _from_user("source", self.source) + ["}", ""]
         attributes = "".join(f", ::msl_host::attr::{a}" for a, _ in self.attributes)
         lines += [
             "// The emulator's registration (tf_metal_ops's CPU path); a Metal compiler skips it.",
@@ -269,7 +296,7 @@ class MetalKernel:
             lines += ["#else", f"template [[host_name(\"{kernel_name}\")]] [[kernel]] "
                       f"decltype({instance}) {instance};"]
         lines += ["#endif", ""]
-        return kernel_name, "\n".join(lines)
+        return kernel_name, "\n".join(_number_resumes(lines))
 
     # ---- the call ------------------------------------------------------------------------
 
@@ -404,7 +431,8 @@ def metal_kernel(name: str, input_names: Sequence[str], output_names: Sequence[s
     `device atomic<T>* name` with `atomic_outputs`, `name_shape` / `name_strides` /
     `name_ndim` for an input the body names that way, and the thread attributes the body
     names). `header` goes before the kernel. Runs on the CPU through the MSL emulator
-    (docs/kernels.md); the Apple GPU path is not built yet.
+    (docs/kernels.md); on Apple's GPU (tensorflow-metal) the op has a Metal kernel, built but
+    never run on a Mac.
     """
     return MetalKernel(name, input_names, output_names, source, header, ensure_row_contiguous,
                        atomic_outputs)

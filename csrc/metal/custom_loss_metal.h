@@ -11,12 +11,12 @@
 namespace tf_metal_ops {
 namespace metal {
 
-// Registers the GPU kernels of CustomLoss and CustomLossGrad for the "GPU" device type. Called
-// from Python (the runtime module's register_metal_kernels) only after tf_metal_ops/gpu_plugin.py
-// found that Apple's tensorflow-metal, and no other plugin, provides the GPU: another Metal
-// PluggableDevice's stream is not an Objective-C object, and the kernels' first act on a stream
-// is an Objective-C message. Idempotent and thread-safe. The library's static initializers
-// register no GPU kernel.
+// Registers the GPU kernels of CustomLoss, CustomLossGrad and MetalKernel (metal_kernel_metal.h)
+// for the "GPU" device type. Called from Python (the runtime module's register_metal_kernels)
+// only after tf_metal_ops/gpu_plugin.py found that Apple's tensorflow-metal, and no other
+// plugin, provides the GPU: another Metal PluggableDevice's stream is not an Objective-C object,
+// and the kernels' first act on a stream is an Objective-C message. Idempotent and thread-safe.
+// The library's static initializers register no GPU kernel.
 void RegisterGpuKernelsForAppleStream();
 
 // Whether RegisterGpuKernelsForAppleStream ran: the gate accepted the GPU's plugin.

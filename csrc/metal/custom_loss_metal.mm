@@ -26,7 +26,10 @@
 #include "csrc/metal/error_record_slots.h"
 #include "csrc/metal/kernel_library.h"
 #include "csrc/metal/launch_plan.h"
+#include "csrc/metal/metal_kernel_metal.h"
+#include "csrc/metal/metal_messages.h"
 #include "csrc/metal/metal_stream.h"
+#include "csrc/metal_kernel.h"
 #include "csrc/pending_errors.h"
 #include "csrc/problem.h"
 #include "csrc/runtime.h"
@@ -100,24 +103,6 @@ Error MakeLaunchDesc(const CustomLossProblem& problem, gpu::LaunchDesc* desc) {
   desc->has_row_stats = forward || problem.has_row_stats;
   desc->has_row_scales = forward && problem.has_row_scales;
   return Error::Ok();
-}
-
-std::string Describe(NSError* error) {
-  if (error == nil) return "no error description";
-  const char* text = [[error localizedDescription] UTF8String];
-  return text != nullptr ? text : "an error without a description";
-}
-
-const char* StatusName(MTLCommandBufferStatus status) {
-  switch (status) {
-    case MTLCommandBufferStatusNotEnqueued: return "not enqueued";
-    case MTLCommandBufferStatusEnqueued: return "enqueued";
-    case MTLCommandBufferStatusCommitted: return "committed";
-    case MTLCommandBufferStatusScheduled: return "scheduled";
-    case MTLCommandBufferStatusCompleted: return "completed";
-    case MTLCommandBufferStatusError: return "error";
-  }
-  return "unknown";
 }
 
 // The buffer to bind for `role`. An empty class_weights tensor may have no Metal buffer at all,
@@ -211,21 +196,16 @@ Error FlushStreams() {
 void EncodeOnQueue(id<TF_MetalStream> stream, const CustomLossProblem& problem,
                    const gpu::LaunchDesc& desc, const TensorBuffers& tensors, bool wait,
                    const std::string& context, EncodeOutcome* outcome) {
-  if (wait) {
-    // Commit (and wait for) whatever earlier ops batched into the current command buffer, so the
-    // one we encode into holds our kernel alone: its status, error and GPU time are then ours.
-    // Debug mode only; it costs one extra synchronization per op.
-    [stream commitAndWait];
-  }
-  id<MTLCommandBuffer> command_buffer = [stream currentCommandBuffer];
+  Error error;
+  id<MTLCommandBuffer> command_buffer =
+      metal::CommandBufferForEncoding(stream, wait, context, &error);
   if (command_buffer == nil) {
-    outcome->error = Error::Internal(context + ": the GPU stream has no command buffer");
+    outcome->error = error;
     return;
   }
   id<MTLDevice> device = [command_buffer device];
 
   const std::string kernel_name = gpu::KernelName(desc);
-  Error error;
   // Built (or the library compiled) on first use, here on the queue: the device is known only
   // from the command buffer, and a pipeline must come from the device that runs it.
   id<MTLComputePipelineState> pipeline = metal::GetComputePipeline(device, kernel_name, &error);
@@ -372,8 +352,9 @@ void EncodeOnQueue(id<TF_MetalStream> stream, const CustomLossProblem& problem,
   const MTLCommandBufferStatus status = [command_buffer status];
   if (status != MTLCommandBufferStatusCompleted) {
     outcome->error = Error::Internal(context + ": the Metal kernel " + kernel_name +
-                                     " failed on the GPU (command buffer " + StatusName(status) +
-                                     "): " + Describe([command_buffer error]));
+                                     " failed on the GPU (command buffer " +
+                                     metal::StatusName(status) +
+                                     "): " + metal::Describe([command_buffer error]));
     return;
   }
   outcome->gpu_seconds = [command_buffer GPUEndTime] - [command_buffer GPUStartTime];
@@ -597,6 +578,11 @@ void RegisterGpuKernels() {
     RegisterGpuKernel(kGradientOpName, &CreateGradientKernel, type);
     std::lock_guard<std::mutex> lock(RegistrationMutex());
     RegisteredDtypes().push_back(type.name);
+  }
+  // Users' kernels (tf_metal_ops.metal_kernel): behind the same gate, for the same reason.
+  if (std::string e = metal::RegisterMetalKernelForAppleStream(); !e.empty()) {
+    std::lock_guard<std::mutex> lock(RegistrationMutex());
+    RegistrationErrors().push_back(std::string(kMetalKernelOpName) + ": " + e);
   }
 }
 

@@ -18,6 +18,21 @@
 namespace tf_metal_ops {
 namespace metal {
 
+// Compiles MSL `source` with newLibraryWithSource: and fast math off. Metal compiles with fast
+// math by default: it may reorder and contract floating-point operations and use approximate
+// exp/log, which a loss cannot afford (log-sum-exp cancellation, -inf logits, the (1 - p)^gamma
+// limits). Safe math keeps IEEE semantics. Our loss library and users' metal_kernel sources (as
+// MLX compiles its own) are compiled so. nil with `*why` set: the source is not UTF-8, or the
+// compiler's message.
+id<MTLLibrary> CompileWithSafeMath(id<MTLDevice> device, const std::string& source,
+                                   std::string* why);
+
+// The compute pipeline of the function `kernel_name` in `library`; nil with `*why` set otherwise:
+// "no kernel named '...'" (and `*missing` true), or Metal's reason for failing to build it.
+id<MTLComputePipelineState> NewComputePipeline(id<MTLDevice> device, id<MTLLibrary> library,
+                                               const std::string& kernel_name, bool* missing,
+                                               std::string* why);
+
 // The pipeline of the kernel whose [[host_name]] is `kernel_name` on `device`, built on first use;
 // nil with `*error` set when the library cannot be loaded or has no such kernel. A failure to load
 // the library is remembered (the files will not appear while the process runs), so later calls

@@ -8,9 +8,10 @@
 #include <mutex>
 #include <unordered_map>
 #include <utility>
-#include <vector>
 
 #include "csrc/metal/kernel_source.h"
+#include "csrc/metal/metal_messages.h"
+#include "csrc/metal/per_device.h"
 #include "kernels/custom_loss_params.h"
 
 // Which form of the kernel library setup.py installed: "precompiled" (a .metallib) or "source".
@@ -43,23 +44,6 @@ std::mutex& CacheMutex() {
   return *mutex;
 }
 
-// One entry per device; there is one GPU on Apple silicon, so a linear search is enough.
-DeviceKernels& EntryFor(id<MTLDevice> device) {
-  static auto* entries = new std::vector<std::unique_ptr<DeviceKernels>>();
-  for (const auto& entry : *entries) {
-    if (entry->device == device) return *entry;
-  }
-  entries->push_back(std::make_unique<DeviceKernels>());
-  entries->back()->device = device;
-  return *entries->back();
-}
-
-std::string Describe(NSError* error) {
-  if (error == nil) return "no error description";
-  const char* text = [[error localizedDescription] UTF8String];
-  return text != nullptr ? text : "an error without a description";
-}
-
 NSString* ToNSString(const std::string& text) {
   // nil for text that is not UTF-8; callers check.
   return [NSString stringWithUTF8String:text.c_str()];
@@ -78,21 +62,6 @@ bool NativeLibraryDirectory(std::string* directory, Error* error) {
   }
   *directory = DirectoryOf(info.dli_fname);
   return true;
-}
-
-// Metal compiles with fast math by default: it may reorder and contract floating-point operations
-// and use approximate exp/log, which a loss cannot afford (log-sum-exp cancellation, -inf logits,
-// the (1 - p)^gamma limits). Safe math keeps IEEE semantics. `mathMode` replaces `fastMathEnabled`
-// from macOS 15 on; older systems only know the latter.
-void UseSafeMath(MTLCompileOptions* options) {
-  if (@available(macOS 15.0, *)) {
-    options.mathMode = MTLMathModeSafe;
-  } else {
-#pragma clang diagnostic push
-#pragma clang diagnostic ignored "-Wdeprecated-declarations"
-    options.fastMathEnabled = NO;
-#pragma clang diagnostic pop
-  }
 }
 
 id<MTLLibrary> LoadPrecompiled(id<MTLDevice> device, const std::string& path, std::string* why) {
@@ -117,18 +86,9 @@ id<MTLLibrary> CompileSource(id<MTLDevice> device, const std::string& path, std:
     *why = "reading the kernel source failed: " + read_error;
     return nil;
   }
-  NSString* ns_source = ToNSString(source);
-  if (ns_source == nil) {
-    *why = "the kernel source " + path + " is not UTF-8";
-    return nil;
-  }
-  MTLCompileOptions* options = [[MTLCompileOptions alloc] init];
-  UseSafeMath(options);
-  NSError* ns_error = nil;
-  // A library can come back together with an NSError that only carries warnings: nil is the
-  // failure signal, not the error.
-  id<MTLLibrary> library = [device newLibraryWithSource:ns_source options:options error:&ns_error];
-  if (library == nil) *why = "compiling " + path + " failed: " + Describe(ns_error);
+  std::string compile_error;
+  id<MTLLibrary> library = CompileWithSafeMath(device, source, &compile_error);
+  if (library == nil) *why = "compiling " + path + " failed: " + compile_error;
   return library;
 }
 
@@ -167,6 +127,50 @@ void LoadLibrary(DeviceKernels* entry) {
 
 }  // namespace
 
+id<MTLLibrary> CompileWithSafeMath(id<MTLDevice> device, const std::string& source,
+                                   std::string* why) {
+  NSString* text = ToNSString(source);
+  if (text == nil) {
+    *why = "the source is not UTF-8";
+    return nil;
+  }
+  MTLCompileOptions* options = [[MTLCompileOptions alloc] init];
+  // `mathMode` replaces `fastMathEnabled` from macOS 15 on; older systems only know the latter.
+  if (@available(macOS 15.0, *)) {
+    options.mathMode = MTLMathModeSafe;
+  } else {
+#pragma clang diagnostic push
+#pragma clang diagnostic ignored "-Wdeprecated-declarations"
+    options.fastMathEnabled = NO;
+#pragma clang diagnostic pop
+  }
+  NSError* ns_error = nil;
+  // A library can come back together with an NSError that only carries warnings: nil is the
+  // failure signal, not the error.
+  id<MTLLibrary> library = [device newLibraryWithSource:text options:options error:&ns_error];
+  if (library == nil) *why = Describe(ns_error);
+  return library;
+}
+
+id<MTLComputePipelineState> NewComputePipeline(id<MTLDevice> device, id<MTLLibrary> library,
+                                               const std::string& kernel_name, bool* missing,
+                                               std::string* why) {
+  NSString* name = ToNSString(kernel_name);
+  id<MTLFunction> function = name != nil ? [library newFunctionWithName:name] : nil;
+  *missing = function == nil;
+  if (function == nil) {
+    *why = "no kernel named '" + kernel_name + "'";
+    return nil;
+  }
+  NSError* ns_error = nil;
+  id<MTLComputePipelineState> pipeline =
+      [device newComputePipelineStateWithFunction:function error:&ns_error];
+  if (pipeline == nil) {
+    *why = "building the compute pipeline of '" + kernel_name + "' failed: " + Describe(ns_error);
+  }
+  return pipeline;
+}
+
 id<MTLComputePipelineState> GetComputePipeline(id<MTLDevice> device, const std::string& kernel_name,
                                                Error* error) {
   if (device == nil) {
@@ -177,7 +181,7 @@ id<MTLComputePipelineState> GetComputePipeline(id<MTLDevice> device, const std::
   // same objects again. This lock is never held while waiting for a stream's queue, so it cannot
   // take part in a deadlock with it.
   std::lock_guard<std::mutex> lock(CacheMutex());
-  DeviceKernels& entry = EntryFor(device);
+  DeviceKernels& entry = EntryForDevice<DeviceKernels>(device);
   if (!entry.library_attempted) LoadLibrary(&entry);
   if (entry.library == nil) {
     *error = entry.library_error;
@@ -186,24 +190,22 @@ id<MTLComputePipelineState> GetComputePipeline(id<MTLDevice> device, const std::
   const auto found = entry.pipelines.find(kernel_name);
   if (found != entry.pipelines.end()) return found->second;
 
-  NSString* name = ToNSString(kernel_name);
-  id<MTLFunction> function = name != nil ? [entry.library newFunctionWithName:name] : nil;
-  if (function == nil) {
+  bool missing = false;
+  std::string why;
+  id<MTLComputePipelineState> pipeline =
+      NewComputePipeline(device, entry.library, kernel_name, &missing, &why);
+  if (pipeline == nil && missing) {
     std::string hint;
     if (kernel_name.find("_bf16_") != std::string::npos) {
       hint = " (bfloat16 kernels need Metal Shading Language 3.1, macOS 14 or later; cast the "
              "logits to float32 or float16)";
     }
     *error = Error::Internal("tf_metal_ops: the Metal kernel library (" + entry.library_origin +
-                             ") has no kernel named '" + kernel_name + "'" + hint);
+                             ") has " + why + hint);
     return nil;
   }
-  NSError* ns_error = nil;
-  id<MTLComputePipelineState> pipeline =
-      [device newComputePipelineStateWithFunction:function error:&ns_error];
   if (pipeline == nil) {
-    *error = Error::Internal("tf_metal_ops: building the compute pipeline of '" + kernel_name +
-                             "' failed: " + Describe(ns_error));
+    *error = Error::Internal("tf_metal_ops: " + why);
     return nil;
   }
   entry.pipelines.emplace(kernel_name, pipeline);
@@ -216,7 +218,7 @@ id<MTLBuffer> GetDiscardedErrorRecord(id<MTLDevice> device, Error* error) {
     return nil;
   }
   std::lock_guard<std::mutex> lock(CacheMutex());
-  DeviceKernels& entry = EntryFor(device);
+  DeviceKernels& entry = EntryForDevice<DeviceKernels>(device);
   if (entry.discarded_error_record == nil) {
     id<MTLBuffer> buffer =
         [device newBufferWithLength:sizeof(CustomLossErrorRecord)
@@ -240,7 +242,7 @@ id<MTLBuffer> GetErrorRecordSlab(id<MTLDevice> device, ErrorRecordSlots** slots,
     return nil;
   }
   std::lock_guard<std::mutex> lock(CacheMutex());
-  DeviceKernels& entry = EntryFor(device);
+  DeviceKernels& entry = EntryForDevice<DeviceKernels>(device);
   if (entry.error_record_slab == nil) {
     const size_t length = sizeof(CustomLossErrorRecord) * ErrorRecordSlots::kCapacity;
     // Untracked: each launch writes only the slot it was given, which no other launch touches

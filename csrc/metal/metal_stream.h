@@ -39,6 +39,14 @@ namespace metal {
 id<TF_MetalStream> GetMetalStream(TF_OpKernelContext* ctx, const std::string& op_description,
                                   Error* error);
 
+// The command buffer to encode into, on the stream's queue (inside the dispatch_sync block). With
+// `wait` (commit-and-wait mode) it first commits, and waits for, whatever earlier ops batched into
+// the current command buffer, so the one returned holds this op's work alone: its status, error
+// and GPU time are then this op's. Debug mode only; it costs one extra synchronization per op.
+// nil with `*error` set (naming `context`) when the stream has none.
+id<MTLCommandBuffer> CommandBufferForEncoding(id<TF_MetalStream> stream, bool wait,
+                                              const std::string& context, Error* error);
+
 }  // namespace metal
 }  // namespace tf_metal_ops
 

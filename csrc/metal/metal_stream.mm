@@ -48,5 +48,15 @@ id<TF_MetalStream> GetMetalStream(TF_OpKernelContext* ctx, const std::string& op
   return stream;
 }
 
+id<MTLCommandBuffer> CommandBufferForEncoding(id<TF_MetalStream> stream, bool wait,
+                                              const std::string& context, Error* error) {
+  if (wait) [stream commitAndWait];
+  id<MTLCommandBuffer> command_buffer = [stream currentCommandBuffer];
+  if (command_buffer == nil) {
+    *error = Error::Internal(context + ": the GPU stream has no command buffer");
+  }
+  return command_buffer;
+}
+
 }  // namespace metal
 }  // namespace tf_metal_ops

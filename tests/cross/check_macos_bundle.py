@@ -14,7 +14,10 @@ What a Mac's dynamic loader would hold against the bundle, checked without a Mac
      objc_msgSend and ARC's objc_storeStrong / objc_retainAutoreleasedReturnValue bound from
      libobjc, NSString, NSURL and MTLCompileOptions from Foundation and Metal), carries its own
      ___isPlatformVersionAtLeast for @available, and exports PyInit__tf_metal_ops;
-  6. its matrix products bind to Accelerate's BLAS: cblas_sgemm's current (ACCELERATE_NEW_LAPACK)
+  6. it holds metal_kernel's Metal encoder: the registration function of TfMetalOps>MetalKernel's
+     GPU kernel, TF_KernelBuilder_HostMemory from TensorFlow, the dispatchThreads selector and
+     the init_value fill kernels' source;
+  7. its matrix products bind to Accelerate's BLAS: cblas_sgemm's current (ACCELERATE_NEW_LAPACK)
      entry point _cblas_sgemm$NEWLAPACK from Accelerate, weakly (it exists from macOS 13.3 on,
      and csrc/cpu/gemm.cc checks for it before calling), and no other BLAS symbol.
 Prints one line per check; exits 1 with every failed check named.
@@ -42,6 +45,8 @@ LIBRARY_NAMES = {"libtensorflow_framework", "Foundation", "Metal", "Accelerate",
                  "libc++", "libSystem"}
 SGEMM = "_cblas_sgemm$NEWLAPACK"
 RPATH = "@loader_path/../tensorflow"
+# tf_metal_ops::metal::RegisterMetalKernelForAppleStream(), as Mach-O names it.
+METAL_KERNEL_REGISTRATION = "__ZN12tf_metal_ops5metal33RegisterMetalKernelForAppleStreamEv"
 PYTHON_SYMBOL = re.compile(r"^__?Py")
 # `(undefined) external _TF_NewStatus (from libtensorflow_framework)`
 IMPORT = re.compile(r"^\s*\(undefined\) (weak )?external (\S+) \((.+)\)$")
@@ -145,6 +150,21 @@ def check(bundle: Path, framework: Path, checker: Checker) -> None:
                    imports.get(SGEMM) == "from Accelerate" and SGEMM in weak and blas == [SGEMM],
                    f"{SGEMM} {imports.get(SGEMM)}{' (weak)' if SGEMM in weak else ''}; "
                    f"BLAS imports {blas}")
+    # tf_metal_ops.metal_kernel's Metal encoder (csrc/metal/metal_kernel_metal.mm) is linked in:
+    # its registration function, TF_KernelBuilder_HostMemory (only that registration uses it),
+    # the selector it dispatches with and the source of its init_value fill kernels.
+    contents = bundle.read_bytes()
+    strings = {s: s.encode() in contents
+               for s in ("dispatchThreads:threadsPerThreadgroup:", "tfmo_fill_32")}
+    # Defined in the code section; hidden, like all our symbols but the module's entry point.
+    registration = re.search(r"^\S+ \(__TEXT,__text\) .*\b" + re.escape(METAL_KERNEL_REGISTRATION)
+                             + "$", defined, re.MULTILINE) is not None
+    host_memory = imports.get("_TF_KernelBuilder_HostMemory")
+    checker.expect("metal_kernel GPU encoder",
+                   registration and host_memory == "from libtensorflow_framework"
+                   and all(strings.values()),
+                   f"{METAL_KERNEL_REGISTRATION} {'defined' if registration else 'MISSING'}, "
+                   f"_TF_KernelBuilder_HostMemory {host_memory}, strings {strings}")
     exports = checker.tool("llvm-objdump", "--macho", "--exports-trie", str(bundle))
     checker.expect("module entry point", "_PyInit__tf_metal_ops" in exports.split(),
                    "_PyInit__tf_metal_ops exported")

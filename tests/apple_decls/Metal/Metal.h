@@ -99,6 +99,9 @@ typedef NS_OPTIONS(NSUInteger, MTLResourceOptions){
 //                      c:objc(pl)MTLComputeCommandEncoder(im)setThreadgroupMemoryLength:atIndex:
 //   dispatchThreadgroups(_:threadsPerThreadgroup:)
 //                 c:objc(pl)MTLComputeCommandEncoder(im)dispatchThreadgroups:threadsPerThreadgroup:
+//   dispatchThreads(_:threadsPerThreadgroup:)  (macOS 10.13 and later; "an arbitrarily sized
+//                 grid", on GPUs with nonuniform threadgroup sizes)
+//                 c:objc(pl)MTLComputeCommandEncoder(im)dispatchThreads:threadsPerThreadgroup:
 @protocol MTLComputeCommandEncoder <MTLCommandEncoder>
 - (void)setComputePipelineState:(id<MTLComputePipelineState>)state;
 - (void)setBytes:(const void *)bytes length:(NSUInteger)length atIndex:(NSUInteger)index;
@@ -108,6 +111,8 @@ typedef NS_OPTIONS(NSUInteger, MTLResourceOptions){
 - (void)setThreadgroupMemoryLength:(NSUInteger)length atIndex:(NSUInteger)index;
 - (void)dispatchThreadgroups:(MTLSize)threadgroupsPerGrid
        threadsPerThreadgroup:(MTLSize)threadsPerThreadgroup;
+- (void)dispatchThreads:(MTLSize)threadsPerGrid
+    threadsPerThreadgroup:(MTLSize)threadsPerThreadgroup TFMO_API_AVAILABLE_MACOS(10.13);
 @end
 
 // https://developer.apple.com/documentation/metal/mtlblitcommandencoder/copy(from:sourceoffset:to:destinationoffset:size:)
