@@ -139,7 +139,7 @@ def integer_reference(x, y, i, bits, signed):
     return [cast(clz(ux)), cast(ctz(ux)), cast(bin(ux).count("1")), cast(abs(x - y)),
             sat(x + y), sat(x - y), (x + y) >> 1, (x + y + 1) >> 1, cast((x * y) >> bits),
             cast(rot(ux, i % 40)), cast(rev(ux)), min(x, y), max(x, y), min(x, y, 7),
-            med(x, y, 7), bin(uy).count("1"), min(max(x, wrap(-100)), 100)]
+            med(x, y, 7), cast(bin(uy).count("1")), min(max(x, wrap(-100)), 100)]
 
 
 @pytest.mark.parametrize("dtype", [tf.int32, tf.uint32])
@@ -229,8 +229,7 @@ def reductions_reference(x, p, n, threadgroup, skip, integer):
             row = [sum_(active), prod(active), max(vals.values()), min(vals.values()),
                    sum_(before), sum_(before + [l]), prod(before), prod(before + [l]),
                    vals[active[0]], int(l == active[0]), int(all(v > 0 for v in vals.values())),
-                   int(any(v > 0 for v in vals.values())),
-                   np.sum([ys[m] for m in active], dtype=x.dtype), sum_(quad),
+                   int(any(v > 0 for v in vals.values())), sum_(quad),
                    sum_([m for m in quad if m <= l]), max(vals[m] for m in quad)]
             out[first + l] = (row, ballot, mask)
     return out
@@ -325,6 +324,23 @@ def test_simd_and_quad_bitwise_reductions(dtype):
                     np.bitwise_xor.reduce(group), np.bitwise_and.reduce(quad),
                     np.bitwise_or.reduce(quad), np.bitwise_xor.reduce(quad)]
         np.testing.assert_array_equal(out[t], expected)
+
+
+def test_simd_functions_on_vectors():
+    source = """
+        const uint i = thread_position_in_grid.x;
+        const float4 v = ((const device float4*)x)[i];
+        ((device float4*)out)[2 * i] = simd_sum(v);
+        ((device float4*)out)[2 * i + 1] = simd_shuffle_xor(v.wzyx, 1) + quad_broadcast(v, 0);
+    """
+    n = 64
+    x = RNG.uniform(-1, 1, size=(n, 4)).astype(np.float32)
+    kernel = tf_metal_ops.metal_kernel("simd_vectors", ["x"], ["out"], source)
+    (out,) = run(kernel, [x], [[n, 2, 4]], [tf.float32], (n, 1, 1), (64, 1, 1))
+    sums = np.repeat(x.reshape(2, 32, 4).sum(1), 32, axis=0)
+    np.testing.assert_allclose(out[:, 0], sums, **F32)
+    partner = x[np.arange(n) ^ 1][:, ::-1] + x[np.arange(n) - np.arange(n) % 4]
+    np.testing.assert_allclose(out[:, 1], partner, **F32)
 
 
 # ---- what Metal leaves undefined fails the op -------------------------------------------------
