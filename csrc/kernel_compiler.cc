@@ -17,6 +17,7 @@
 #include <cctype>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -40,9 +41,34 @@ constexpr const char* kCacheFormat = "tfmo-kernel-cache-1";
 // KernelRunFunction mirrors.
 constexpr int kKernelEntryVersion = 2;
 
+// $TF_METAL_OPS_KERNEL_SANITIZE=address compiles kernels and the emulator with
+// AddressSanitizer, so that a kernel reading or writing outside its buffers is reported instead
+// of silently corrupting memory. The process must already run under ASan's runtime (an ASan
+// build of the package, or the runtime of the same compiler in LD_PRELOAD), as in CI's native
+// step (tests/sanitizer/build_and_run.sh). Read once per process; part of every cache key.
+constexpr const char* kSanitizeEnv = "TF_METAL_OPS_KERNEL_SANITIZE";
+
+// The sanitizer flags, or an error naming the variable's unsupported value.
+std::string SanitizerFlags(std::vector<std::string>* flags) {
+  const char* value = std::getenv(kSanitizeEnv);
+  if (value == nullptr || *value == '\0') return "";
+  if (std::string(value) == "address") {
+    flags->insert(flags->end(), {"-fsanitize=address", "-fno-omit-frame-pointer", "-g"});
+    return "";
+  }
+  return std::string("$") + kSanitizeEnv + " is '" + value +
+         "'; the supported value is 'address' (or leave it unset)";
+}
+
+// -fsigned-char: MSL's char is signed on every target (C++'s is unsigned on aarch64).
 const std::vector<std::string>& CompileFlags() {
-  static const std::vector<std::string> flags = {
-      "-std=c++17", "-O2", "-fPIC", "-w", "-D__METAL__", "-DTFMO_MSL_HOST"};
+  static const std::vector<std::string> flags = [] {
+    std::vector<std::string> f = {"-std=c++17",  "-O2",         "-fPIC",
+                                  "-w",          "-D__METAL__", "-DTFMO_MSL_HOST",
+                                  "-fsigned-char"};
+    SanitizerFlags(&f);
+    return f;
+  }();
   return flags;
 }
 
@@ -182,8 +208,10 @@ std::string CompilerId(State& s) {
   return s.compiler_id;
 }
 
-const char* const kRuntimeFiles[] = {"include/metal_stdlib", "msl_host_runtime.h", "emulator.h",
-                                     "emulator.cc", "kernel_entry.cc"};
+const char* const kRuntimeFiles[] = {
+    "include/metal_stdlib", "include/tfmo_msl/vector.h", "include/tfmo_msl/math.h",
+    "include/tfmo_msl/simd.h", "msl_host_runtime.h", "emulator.h", "emulator.cc",
+    "kernel_entry.cc"};
 
 std::vector<std::string> BaseCommand(const State& s) {
   std::vector<std::string> argv = s.toolchain.compiler;
@@ -293,6 +321,143 @@ bool DeclaresThreadgroupObjects(const std::string& text) {
 
 }  // namespace
 
+namespace {
+
+// ---- features the CPU path refuses by name ----------------------------------------------------
+
+// How a refused name is recognised: as a type (followed by `<`, `::` or a declared name), as a
+// function (followed by `(` or `<`) or as a namespace (followed by `::`). So an input or a local
+// variable of the same name is left alone.
+enum class Use { kType, kFunction, kNamespace };
+struct Refused {
+  const char* name;
+  Use use;
+  const char* feature;
+};
+const Refused kRefused[] = {
+    {"texture1d", Use::kType, "textures"},
+    {"texture1d_array", Use::kType, "textures"},
+    {"texture2d", Use::kType, "textures"},
+    {"texture2d_array", Use::kType, "textures"},
+    {"texture2d_ms", Use::kType, "textures"},
+    {"texture2d_ms_array", Use::kType, "textures"},
+    {"texture3d", Use::kType, "textures"},
+    {"texturecube", Use::kType, "textures"},
+    {"texturecube_array", Use::kType, "textures"},
+    {"texture_buffer", Use::kType, "textures"},
+    {"depth2d", Use::kType, "textures"},
+    {"depth2d_array", Use::kType, "textures"},
+    {"depth2d_ms", Use::kType, "textures"},
+    {"depth2d_ms_array", Use::kType, "textures"},
+    {"depthcube", Use::kType, "textures"},
+    {"depthcube_array", Use::kType, "textures"},
+    {"sampler", Use::kType, "textures (samplers)"},
+    {"access", Use::kNamespace, "textures (access qualifiers)"},
+    {"imageblock", Use::kType, "imageblocks"},
+    {"simdgroup_matrix", Use::kType, "simdgroup_matrix"},
+    {"simdgroup_float8x8", Use::kType, "simdgroup_matrix"},
+    {"simdgroup_half8x8", Use::kType, "simdgroup_matrix"},
+    {"simdgroup_bfloat8x8", Use::kType, "simdgroup_matrix"},
+    {"simdgroup_load", Use::kFunction, "simdgroup_matrix"},
+    {"simdgroup_store", Use::kFunction, "simdgroup_matrix"},
+    {"simdgroup_multiply", Use::kFunction, "simdgroup_matrix"},
+    {"simdgroup_multiply_accumulate", Use::kFunction, "simdgroup_matrix"},
+    {"make_filled_simdgroup_matrix", Use::kFunction, "simdgroup_matrix"},
+    {"raytracing", Use::kNamespace, "ray tracing"},
+    {"intersector", Use::kType, "ray tracing"},
+    {"intersection_result", Use::kType, "ray tracing"},
+    {"acceleration_structure", Use::kType, "ray tracing"},
+    {"primitive_acceleration_structure", Use::kType, "ray tracing"},
+    {"instance_acceleration_structure", Use::kType, "ray tracing"},
+    {"intersection_function_table", Use::kType, "ray tracing"},
+    {"visible_function_table", Use::kType, "function tables"},
+    {"float2x2", Use::kType, "matrix types"},
+    {"float2x3", Use::kType, "matrix types"},
+    {"float2x4", Use::kType, "matrix types"},
+    {"float3x2", Use::kType, "matrix types"},
+    {"float3x3", Use::kType, "matrix types"},
+    {"float3x4", Use::kType, "matrix types"},
+    {"float4x2", Use::kType, "matrix types"},
+    {"float4x3", Use::kType, "matrix types"},
+    {"float4x4", Use::kType, "matrix types"},
+    {"half2x2", Use::kType, "matrix types"},
+    {"half3x3", Use::kType, "matrix types"},
+    {"half4x4", Use::kType, "matrix types"},
+    {"matrix", Use::kType, "matrix types"},
+};
+
+// `text` with comments, string and character literals blanked out (same length, so that
+// positions still match), as far as a C++ scanner needs for naming identifiers.
+std::string WithoutCommentsAndLiterals(const std::string& text) {
+  std::string out = text;
+  size_t i = 0;
+  while (i < out.size()) {
+    if (out.compare(i, 2, "//") == 0) {
+      while (i < out.size() && out[i] != '\n') out[i++] = ' ';
+    } else if (out.compare(i, 2, "/*") == 0) {
+      const size_t end = out.find("*/", i + 2);
+      const size_t stop = end == std::string::npos ? out.size() : end + 2;
+      for (; i < stop; ++i) {
+        if (out[i] != '\n') out[i] = ' ';
+      }
+    } else if (out[i] == '"' || out[i] == '\'') {
+      const char quote = out[i];
+      out[i++] = ' ';
+      while (i < out.size() && out[i] != quote && out[i] != '\n') {
+        if (out[i] == '\\' && i + 1 < out.size()) out[i++] = ' ';
+        out[i++] = ' ';
+      }
+      if (i < out.size() && out[i] == quote) out[i++] = ' ';
+    } else {
+      ++i;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string UnsupportedFeature(const std::string& msl_source) {
+  const std::string text = WithoutCommentsAndLiterals(msl_source);
+  size_t i = 0;
+  while (i < text.size()) {
+    if (!IsWordChar(text[i]) || (i > 0 && IsWordChar(text[i - 1]))) {
+      ++i;
+      continue;
+    }
+    size_t end = i;
+    while (end < text.size() && IsWordChar(text[end])) ++end;
+    const std::string word = text.substr(i, end - i);
+    size_t next = end;
+    while (next < text.size() && IsSpaceChar(text[next])) ++next;
+    const char after = next < text.size() ? text[next] : '\0';
+    const bool scope = text.compare(next, 2, "::") == 0;
+    for (const Refused& refused : kRefused) {
+      if (word != refused.name) continue;
+      bool used = false;
+      switch (refused.use) {
+        case Use::kType:
+          used = after == '<' || scope || (next > end && IsWordChar(after));
+          break;
+        case Use::kFunction:
+          used = after == '(' || after == '<';
+          break;
+        case Use::kNamespace:
+          used = scope;
+          break;
+      }
+      if (used) {
+        return word + " (" + refused.feature +
+               ") is not supported by the CPU path of metal_kernel: the MSL emulator's "
+               "<metal_stdlib> has no " + refused.feature +
+               " (docs/kernels.md lists what it covers)";
+      }
+    }
+    i = end;
+  }
+  return "";
+}
+
 std::string HostSource(const std::string& msl_source) {
   // `threadgroup` opening a statement (after ; { } or a line break, then spaces or tabs) and
   // declaring objects becomes the host's per-threadgroup storage. A hand-written scan, not
@@ -334,6 +499,9 @@ std::string LoadKernel(const std::string& source, KernelRunFunction* run) {
     *run = it->second;
     return "";
   }
+  if (std::string e = UnsupportedFeature(source); !e.empty()) return e;
+  std::vector<std::string> sanitizer_flags;
+  if (std::string e = SanitizerFlags(&sanitizer_flags); !e.empty()) return e;
   if (!s.toolchain_set) {
     return "the kernel compiler is not configured: import tf_metal_ops before running a "
            "MetalKernel op";

@@ -22,9 +22,11 @@ PACKAGE_PARENT = str(Path(tf_metal_ops.__file__).resolve().parent.parent)
 
 
 def run_python(script: str, *args: str, env: Optional[Dict[str, str]] = None,
-               unset: Iterable[str] = (), timeout: int = 600) -> subprocess.CompletedProcess:
+               unset: Iterable[str] = (), timeout: int = 600,
+               must_succeed: bool = True) -> subprocess.CompletedProcess:
     """Runs `script` with `args` in a child Python whose environment is this one without the
-    variables in `unset`, plus `env`; fails with the child's stderr unless it exits with 0."""
+    variables in `unset`, plus `env`; fails with the child's stderr unless it exits with 0
+    (or `must_succeed` is False: then the caller checks)."""
     environ = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     for name in unset:
         environ.pop(name, None)
@@ -34,7 +36,7 @@ def run_python(script: str, *args: str, env: Optional[Dict[str, str]] = None,
     completed = subprocess.run([sys.executable, "-c", script, *args], capture_output=True,
                                text=True, env=environ, timeout=timeout,
                                cwd=tempfile.gettempdir(), check=False)
-    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert completed.returncode == 0 or not must_succeed, completed.stderr[-3000:]
     return completed
 
 

@@ -422,12 +422,15 @@ def test_float_atomics_and_max():
     np.testing.assert_array_equal(stats.numpy(), [np.sum(x.numpy()) - 1000, np.max(x.numpy())])
 
 
-def test_simd_function_on_another_type_is_a_compile_error_that_says_so():
+def test_simd_function_on_a_type_metal_refuses_is_a_compile_error_that_says_so():
+    """Metal's SIMD-group shuffles take no bool; neither does the stand-in, with a message."""
     kernel = tf_metal_ops.metal_kernel(
-        "half_sum", ["x"], ["out"], "out[0] = simd_sum(x[thread_position_in_grid.x]);")
-    with pytest.raises(tf.errors.InvalidArgumentError, match="simd_sum on float only"):
-        kernel(inputs=[tf.ones([32], tf.float16)], output_shapes=[[1]],
-               output_dtypes=[tf.float16], grid=(32, 1, 1), threadgroup=(32, 1, 1))
+        "bool_shuffle", ["x"], ["out"],
+        "out[0] = simd_shuffle(x[thread_position_in_grid.x], 0);")
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match="simd_shuffle takes a scalar or vector of a number type"):
+        kernel(inputs=[tf.ones([32], tf.bool)], output_shapes=[[1]],
+               output_dtypes=[tf.bool], grid=(32, 1, 1), threadgroup=(32, 1, 1))
 
 
 def doc_kernel_sources():

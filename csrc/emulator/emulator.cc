@@ -115,80 +115,78 @@ const KernelEntry* find_kernel(const std::string& name) {
 
 namespace {
 
+// One lane's part in a SIMD-group collective (msl_host_runtime.h's simd_gather).
+struct Deposit {
+  const char* op;
+  uint32_t uniform;
+  uint32_t read_lane;
+  uint32_t size;
+  const void* value;
+  void* lanes;        // width * size bytes, the lane's own
+  uint64_t* active;   // the lane's own
+  uint64_t sequence;  // how many collectives this lane executed before: lockstep means equal
+};
+
 class Executor {
  public:
   virtual ~Executor() = default;
   virtual void barrier(uint32_t tid) = 0;
-  virtual float simd(uint32_t tid, SimdOp op, float value, uint32_t arg) = 0;
+  virtual void simd(uint32_t tid, const Deposit& deposit) = 0;
 };
 
 thread_local Executor* t_executor = nullptr;
 thread_local uint32_t t_tid = 0;
+thread_local uint32_t t_simd_width = 32;
 // The running thread's threadgroup (linear), for current_threadgroup().
 thread_local uint64_t t_group = 0;
 
-const char* op_name(SimdOp op) {
-  switch (op) {
-    case kSimdSum: return "simd_sum";
-    case kSimdMax: return "simd_max";
-    case kSimdShuffleXor: return "simd_shuffle_xor";
-  }
-  return "?";
+bool same_call(const Deposit& a, const Deposit& b) {
+  return std::strcmp(a.op, b.op) == 0 && a.uniform == b.uniform && a.size == b.size &&
+         a.sequence == b.sequence;
 }
 
-// One lane's part in a SIMD-group collective.
-struct Deposit {
-  SimdOp op;
-  float value;
-  uint32_t arg;
-  uint64_t sequence;  // how many collectives this lane executed before: lockstep means equal
-};
-
-// Completes a collective of the lanes `live[i]` of one SIMD-group; writes result[i] for live
-// lanes. Returns an error message or "".
+// Completes a collective of the lanes `live[i]` of one SIMD-group: copies every live lane's
+// value to every live lane. Returns an error message or "".
 std::string complete_simd(uint32_t sg, const std::vector<bool>& live,
-                          const std::vector<Deposit>& d, std::vector<float>* result) {
+                          const std::vector<Deposit>& d) {
   const size_t width = live.size();
   size_t first = width;
+  uint64_t mask = 0;
   for (size_t i = 0; i < width; ++i) {
-    if (live[i]) { first = i; break; }
+    if (!live[i]) continue;
+    if (first == width) first = i;
+    mask |= uint64_t{1} << i;
   }
   if (first == width) return "";
+  const std::string group = "SIMD-group " + std::to_string(sg) + ": lane ";
   for (size_t i = first + 1; i < width; ++i) {
-    if (!live[i]) continue;
-    if (d[i].op != d[first].op || d[i].arg != d[first].arg || d[i].sequence != d[first].sequence) {
-      return "SIMD-group " + std::to_string(sg) + ": lane " + std::to_string(i) + " is at " +
-             op_name(d[i].op) + " #" + std::to_string(d[i].sequence) + " while lane " +
-             std::to_string(first) + " is at " + op_name(d[first].op) + " #" +
-             std::to_string(d[first].sequence) + " (divergent SIMD-group function)";
+    if (!live[i] || same_call(d[i], d[first])) continue;
+    return group + std::to_string(i) + " is at " + d[i].op + " #" +
+           std::to_string(d[i].sequence) + " while lane " + std::to_string(first) + " is at " +
+           d[first].op + " #" + std::to_string(d[first].sequence) +
+           " (divergent SIMD-group function" +
+           (std::strcmp(d[i].op, d[first].op) == 0 ? ", or an argument that must be the same in "
+                                                      "every lane differs"
+                                                    : "") +
+           ")";
+  }
+  for (size_t i = 0; i < width; ++i) {
+    if (!live[i] || d[i].read_lane == kNoLane) continue;
+    const uint32_t src = d[i].read_lane;
+    if (src >= width || !live[src]) {
+      return group + std::to_string(i) + " " + d[i].op + " reads lane " + std::to_string(src) +
+             (src >= width ? ", outside the SIMD-group of " + std::to_string(width)
+                           : ", which is inactive");
     }
   }
-  const SimdOp op = d[first].op;
-  if (op == kSimdSum || op == kSimdMax) {
-    float acc = op == kSimdSum ? 0.0f : -INFINITY;
-    bool any = false;
-    for (size_t i = 0; i < width; ++i) {
-      if (!live[i]) continue;
-      if (op == kSimdSum) {
-        acc += d[i].value;
-      } else {
-        acc = any ? (d[i].value > acc ? d[i].value : acc) : d[i].value;
-      }
-      any = true;
-    }
-    for (size_t i = 0; i < width; ++i) (*result)[i] = acc;
-    return "";
-  }
-  // simd_shuffle_xor: lane i reads lane i ^ mask, which must exist and be active.
+  const size_t size = d[first].size;
   for (size_t i = 0; i < width; ++i) {
     if (!live[i]) continue;
-    const size_t src = i ^ d[i].arg;
-    if (src >= width || !live[src]) {
-      return "SIMD-group " + std::to_string(sg) + ": lane " + std::to_string(i) +
-             " simd_shuffle_xor(mask " + std::to_string(d[i].arg) + ") reads lane " +
-             std::to_string(src) + ", which is inactive";
+    auto* out = static_cast<unsigned char*>(d[i].lanes);
+    for (size_t j = 0; j < width; ++j) {
+      if (live[j] && size > 0) std::memcpy(out + j * size, d[j].value, size);
     }
-    (*result)[i] = d[src].value;
+    *d[i].active = mask;
   }
   return "";
 }
@@ -230,11 +228,11 @@ class FiberExecutor final : public Executor {
 
   void barrier(uint32_t tid) override { park(tid, State::kAtBarrier); }
 
-  float simd(uint32_t tid, SimdOp op, float value, uint32_t arg) override {
+  void simd(uint32_t tid, const Deposit& deposit) override {
     Fiber& f = fibers_[tid];
-    f.deposit = Deposit{op, value, arg, f.sequence++};
+    f.deposit = deposit;
+    f.deposit.sequence = f.sequence++;
     park(tid, State::kAtSimd);
-    return f.result;
   }
 
  private:
@@ -244,7 +242,6 @@ class FiberExecutor final : public Executor {
     State state = State::kDone;
     Deposit deposit{};
     uint64_t sequence = 0;
-    float result = 0.0f;
   };
 
   static thread_local FiberExecutor* current_;
@@ -268,7 +265,6 @@ class FiberExecutor final : public Executor {
     const uint32_t groups = (n + width_ - 1) / width_;
     std::vector<bool> live(width_);
     std::vector<Deposit> deposits(width_);
-    std::vector<float> results(width_);
     for (;;) {
       for (uint32_t t = 0; t < n; ++t) {
         if (fibers_[t].state != State::kRunnable) continue;
@@ -299,12 +295,10 @@ class FiberExecutor final : public Executor {
         }
         if (!any_simd) continue;
         if (!all_simd) continue;  // some lanes still at a barrier: decided below
-        std::string error = complete_simd(sg, live, deposits, &results);
+        std::string error = complete_simd(sg, live, deposits);
         if (!error.empty()) return error;
         for (uint32_t i = 0; i < width_; ++i) {
-          if (!live[i]) continue;
-          fibers_[sg * width_ + i].result = results[i];
-          fibers_[sg * width_ + i].state = State::kRunnable;
+          if (live[i]) fibers_[sg * width_ + i].state = State::kRunnable;
         }
         released = true;
       }
@@ -339,7 +333,7 @@ struct LockstepNeeded {
 class DirectExecutor final : public Executor {
  public:
   void barrier(uint32_t) override { throw LockstepNeeded{"threadgroup_barrier"}; }
-  float simd(uint32_t, SimdOp op, float, uint32_t) override { throw LockstepNeeded{op_name(op)}; }
+  void simd(uint32_t, const Deposit& deposit) override { throw LockstepNeeded{deposit.op}; }
 };
 
 // ---- OS threads ------------------------------------------------------------------------------
@@ -356,7 +350,6 @@ class ThreadExecutor final : public Executor {
       const uint32_t lanes = std::min(width, threads - sg * width);
       g.live = lanes;
       g.deposits.resize(width);
-      g.results.resize(width);
       g.sequence.assign(width, 0);
     }
   }
@@ -386,20 +379,20 @@ class ThreadExecutor final : public Executor {
   }
 
   // No happens-before edge: SIMD-group functions exchange values, they do not order memory.
-  float simd(uint32_t tid, SimdOp op, float value, uint32_t arg) override {
+  void simd(uint32_t tid, const Deposit& deposit) override {
     HiddenFromTsan hidden;
     std::unique_lock<std::mutex> lock(mu_);
     if (!error_.empty()) throw Abort();
     SimdGroup& g = groups_[tid / width_];
     const uint32_t lane = tid % width_;
-    g.deposits[lane] = Deposit{op, value, arg, g.sequence[lane]++};
+    g.deposits[lane] = deposit;
+    g.deposits[lane].sequence = g.sequence[lane]++;
     const uint64_t generation = g.generation;
     state_[tid] = State::kAtSimd;
     ++g.arrived;
     progress_locked();
     cv_.wait(lock, [&] { return g.generation != generation || !error_.empty(); });
     if (g.generation == generation) throw Abort();
-    return g.results[lane];
   }
 
   void exit(uint32_t tid) {
@@ -425,7 +418,6 @@ class ThreadExecutor final : public Executor {
     uint32_t arrived = 0;
     uint64_t generation = 0;
     std::vector<Deposit> deposits;
-    std::vector<float> results;
     std::vector<uint64_t> sequence;
   };
 
@@ -446,7 +438,7 @@ class ThreadExecutor final : public Executor {
         const uint32_t t = sg * width_ + i;
         live[i] = t < n_ && state_[t] != State::kDone;
       }
-      std::string message = complete_simd(sg, live, g.deposits, &g.results);
+      std::string message = complete_simd(sg, live, g.deposits);
       if (!message.empty()) return fail_locked(message);
       for (uint32_t i = 0; i < width_; ++i) {
         if (live[i]) state_[sg * width_ + i] = State::kRunning;
@@ -560,9 +552,17 @@ void threadgroup_barrier() { t_executor->barrier(t_tid); }
 
 uint64_t current_threadgroup() { return t_group; }
 
-float simd_collective(SimdOp op, float value, uint32_t arg) {
-  return t_executor->simd(t_tid, op, value, arg);
+uint64_t simd_gather(const char* op, uint32_t uniform, uint32_t read_lane, const void* value,
+                     size_t size, void* lanes) {
+  uint64_t active = 0;
+  t_executor->simd(t_tid, Deposit{op, uniform, read_lane, static_cast<uint32_t>(size), value,
+                                  lanes, &active, 0});
+  return active;
 }
+
+uint32_t simd_lane() { return t_tid & (t_simd_width - 1); }
+
+uint32_t simd_width() { return t_simd_width; }
 
 void threadgroup_grid(const Dispatch& d, uint32_t groups[3]) {
   for (int a = 0; a < 3; ++a) {
@@ -588,14 +588,16 @@ std::string run_dispatch(const std::string& kernel_name, const Dispatch& d) {
   if (tg[0] == 0 || tg[1] == 0 || tg[2] == 0 || uint64_t{tg[0]} * tg[1] * tg[2] > 1024) {
     return "a threadgroup must have 1 to 1024 threads";
   }
-  if (d.simd_width == 0 || (d.simd_width & (d.simd_width - 1)) != 0) {
-    return "SIMD width must be a power of two";
+  if (d.simd_width == 0 || (d.simd_width & (d.simd_width - 1)) != 0 ||
+      d.simd_width > kMaxSimdWidth) {
+    return "SIMD width must be a power of two, at most " + std::to_string(kMaxSimdWidth);
   }
   uint32_t groups[3];
   threadgroup_grid(d, groups);
   const uint64_t total =
       std::min<uint64_t>(uint64_t{groups[0]} * groups[1] * groups[2], d.end_group);
   if (d.first_group >= total) return "";
+  t_simd_width = d.simd_width;
 
   if (d.executor == ExecutorKind::kDirect) {
     DirectExecutor direct;
@@ -680,6 +682,7 @@ std::string run_dispatch(const std::string& kernel_name, const Dispatch& d) {
         workers.emplace_back([&d, &groups, kernel, executor, memory, g, linear, tid] {
           t_executor = executor;
           t_tid = tid;
+          t_simd_width = d.simd_width;
           t_group = linear;
           try {
             kernel->invoke(d.buffers.data(), d.buffers.size(), memory,

@@ -52,9 +52,25 @@ const KernelEntry* find_kernel(const std::string& name);
 
 // The synchronization and SIMD-group primitives, implemented by the executor running the
 // calling GPU thread (fibers or OS threads, see emulator.cc).
-enum SimdOp : int { kSimdSum = 0, kSimdMax = 1, kSimdShuffleXor = 2 };
 void threadgroup_barrier();
-float simd_collective(SimdOp op, float value, uint32_t arg);
+
+// The one SIMD-group primitive: an all-gather over the SIMD-group's active lanes, in lockstep.
+// Every SIMD-group and quad-group function of the stand-in <metal_stdlib> is built on it: each
+// lane deposits `size` bytes (at most kMaxSimdValueBytes) at `value`; once every active lane has
+// reached the same function (same `op`, same `uniform` argument, same count of earlier calls),
+// each lane receives every active lane's bytes in `lanes` (lane j's at j * size; inactive
+// lanes' bytes untouched) and the active lanes as a bit mask (bit j: lane j). `read_lane`, when
+// not kNoLane, is the lane whose value this lane will use: the call fails the dispatch if that
+// lane is outside the SIMD-group or inactive (what Metal leaves undefined). `op` names the
+// function in messages and must outlive the call (a string literal).
+constexpr size_t kMaxSimdValueBytes = 64;
+constexpr uint32_t kMaxSimdWidth = 64;
+constexpr uint32_t kNoLane = 0xFFFFFFFFu;
+uint64_t simd_gather(const char* op, uint32_t uniform, uint32_t read_lane, const void* value,
+                     size_t size, void* lanes);
+// The calling thread's lane in its SIMD-group, and the SIMD-group width of the dispatch.
+uint32_t simd_lane();
+uint32_t simd_width();
 
 // Which threadgroup of the dispatch the calling GPU thread belongs to (linear index), for the
 // traffic counter (memory_traffic.h).

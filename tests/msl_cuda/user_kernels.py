@@ -8,7 +8,10 @@
 kernel) on the examples' own shapes and a few more, and kernels of tests/test_metal_kernel.py
 (every float and integer dtype, a scalar input, `init_value`, a 3-D grid with partial
 threadgroups, atomic outputs, the shape / strides / ndim parameters and a template), plus
-`simd_sum` / `simd_max` in a partial last SIMD-group. Each case holds the source NVRTC compiles
+`simd_sum` / `simd_max` in a partial last SIMD-group, and the scalar kernels of
+tests/test_metal_kernel_stdlib.py (threadgroup memory with both barriers, atomics, integer
+functions, SIMD-group and quad-group reductions, prefixes, votes, shuffles and broadcasts, over
+partial SIMD-groups and lanes that returned). Each case holds the source NVRTC compiles
 (the generated MSL as the CPU path compiles it: threadgroup declarations marked by its own
 rewrite, `TFMO_GENERATED_KERNEL` appended), the grid, the threadgroup, every buffer in
 [[buffer(i)]] order and the outputs the CPU path (the MSL emulator) gave for the same inputs.
@@ -136,6 +139,63 @@ def _cases():
     """)
     cases.append(("simd_partial_simdgroup", partial_simd, [normal(50)], [[100]], [f32],
                   (50, 1, 1), (64, 1, 1), None, None))
+    cases += _stdlib_cases(mk, rng)
+    return cases
+
+
+def _stdlib_cases(mk, rng):
+    """The kernels of tests/test_metal_kernel_stdlib.py that use scalars only: threadgroup
+    memory and both barriers, atomics, integer functions, SIMD-group and quad-group functions
+    (over active lanes: partial SIMD-groups and lanes that returned)."""
+    import tensorflow as tf
+    import kernel_sources as ks
+
+    cases = []
+    reverse = mk("reverse", ["x"], ["out"], ks.THREADGROUP_REVERSE_SOURCE)
+    cases.append(("stdlib_threadgroup_reverse", reverse, [tf.range(150, dtype=tf.float32)],
+                  [[150]], [tf.float32], (150, 1, 1), (64, 1, 1), None, None))
+    atomics = mk("atomics", ["k"], ["n", "r"], ks.ATOMICS_SOURCE, atomic_outputs=True)
+    cases.append(("stdlib_atomics", atomics,
+                  [tf.constant(rng.integers(-1000, 1000, size=300), tf.int32)], [[8], [6]],
+                  [tf.int32, tf.float32], (300, 1, 1), (64, 1, 1), None, 0))
+    integers = mk("integers", ["a", "b"], ["out"], ks.INTEGER_FUNCTIONS_SOURCE)
+    count = len(ks.INTEGER_FUNCTIONS)
+    for dtype in (tf.int32, tf.uint32):
+        info = np.iinfo(dtype.as_numpy_dtype)
+        low = info.min + 1 if info.min < 0 else 0
+        a, b = (tf.constant(rng.integers(low, info.max, size=96, endpoint=True,
+                                         dtype=np.int64).astype(dtype.as_numpy_dtype))
+                for _ in range(2))
+        cases.append((f"stdlib_integer_functions_{dtype.name}", integers, [a, b],
+                      [[96 * count]], [dtype], (96, 1, 1), (32, 1, 1), [("T", dtype)], None))
+    reductions = mk("simd_reductions", ["x", "p"], ["out", "votes"], ks.SIMD_REDUCTIONS_SOURCE)
+    count = len(ks.SIMD_REDUCTIONS)
+    for dtype in (tf.float32, tf.int32, tf.uint32):
+        np_type = dtype.as_numpy_dtype
+        if dtype == tf.float32:
+            x = rng.uniform(-4, 4, size=100).astype(np_type)
+            p = rng.uniform(0.8, 1.25, size=100).astype(np_type)
+        else:
+            x = rng.integers(0 if dtype == tf.uint32 else -50, 50, size=100).astype(np_type)
+            p = rng.choice([1, 1, 1, 2] if dtype == tf.uint32 else [1, -1, 1, 2],
+                           size=100).astype(np_type)
+        for skip in (False, True):
+            cases.append((f"stdlib_simd_reductions_{dtype.name}{'_skip' if skip else ''}",
+                          reductions, [tf.constant(x), tf.constant(p)], [[100 * count], [200]],
+                          [dtype, tf.uint32], (100, 1, 1), (48, 1, 1),
+                          [("T", dtype), ("SKIP", skip)], 0))
+    shuffles = mk("simd_shuffles", ["x", "p"], ["out"], ks.SIMD_SHUFFLES_SOURCE)
+    count = len(ks.SIMD_SHUFFLES)
+    for dtype in (tf.float32, tf.int32, tf.uint32, tf.float16):
+        x, p = (tf.constant(rng.integers(0, 1000, size=128).astype(dtype.as_numpy_dtype))
+                for _ in range(2))
+        cases.append((f"stdlib_simd_shuffles_{dtype.name}", shuffles, [x, p], [[128 * count]],
+                      [dtype], (128, 1, 1), (64, 1, 1), [("T", dtype)], None))
+    bitwise = mk("simd_bitwise", ["x"], ["out"], ks.SIMD_BITWISE_SOURCE)
+    for dtype in (tf.int32, tf.uint32):
+        x = tf.constant(rng.integers(0, 2 ** 31 - 1, size=64).astype(dtype.as_numpy_dtype))
+        cases.append((f"stdlib_simd_bitwise_{dtype.name}", bitwise, [x], [[64 * 6]], [dtype],
+                      (64, 1, 1), (64, 1, 1), [("T", dtype)], None))
     return cases
 
 

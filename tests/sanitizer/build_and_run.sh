@@ -26,6 +26,9 @@
 #   halt_on_error=1, -fno-sanitize-recover=all: the first finding stops the process.
 #   float-cast-overflow (not part of gcc's -fsanitize=undefined): a NaN or huge float turned
 #     into an integer is undefined behaviour too.
+#   TF_METAL_OPS_KERNEL_SANITIZE=address and TF_METAL_OPS_CLANG=$CXX: metal_kernel's JIT-compiled
+#     kernels and their emulator are built with -fsanitize=address by $CXX, against the runtime
+#     preloaded here (the library's own flags do not reach a kernel compiled at run time).
 #   The memory-flatness tests are deselected: ASan's quarantine and allocator change both the
 #     heap accounting and the RSS they measure.
 set -euo pipefail
@@ -81,6 +84,9 @@ mkdir -p "$WORK/pkg"
 cp -r "$ROOT/tf_metal_ops" "$WORK/pkg/"
 find "$WORK/pkg" \( -name "_tf_metal_ops*.so" -o -name "*.dylib" -o -name "__pycache__" \) -prune -exec rm -rf {} +
 cp "$LIBRARY" "$WORK/pkg/tf_metal_ops/"
+# The MSL emulator's sources, which build_ext installed next to the library: metal_kernel
+# compiles users' kernels against them.
+cp -r "$WORK/lib/tf_metal_ops/emulator" "$WORK/pkg/tf_metal_ops/"
 
 # libstdc++ is preloaded too: Python is a C program, so without it ASan's __cxa_throw
 # interceptor finds no real __cxa_throw at start-up and the first C++ exception (TensorFlow
@@ -90,6 +96,11 @@ export LD_PRELOAD="$ASAN_RUNTIME $STDCXX"
 export ASAN_OPTIONS="detect_leaks=0:halt_on_error=1:abort_on_error=1:print_summary=1"
 export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
 export PYTHONPATH="$WORK/pkg${PYTHONPATH:+:$PYTHONPATH}"
+# Users' kernels (metal_kernel) compiled in this step are instrumented too, by the compiler
+# whose runtime is preloaded: an out-of-bounds access in a kernel is reported like one in the
+# library (tests/test_metal_kernel_asan.py).
+export TF_METAL_OPS_KERNEL_SANITIZE=address
+export TF_METAL_OPS_CLANG="$CXX"
 export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}
 cd "$WORK"
 
