@@ -287,6 +287,11 @@ namespace {
 
 bool IsWordChar(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }
 bool IsSpaceChar(char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; }
+// Whether `prefix` stands in `text` at `i`. strncmp, not std::string::compare: the macOS
+// cross-link's libc++ stub lacks compare, and operator== with a const char* calls it.
+bool StartsAt(const std::string& text, size_t i, const char* prefix) {
+  return i <= text.size() && std::strncmp(text.c_str() + i, prefix, std::strlen(prefix)) == 0;
+}
 
 // Whether `text`, what follows the word `threadgroup` up to the next ';', declares objects:
 // whitespace, a type (word characters, "::", template brackets, commas, spaces: no * or &, so a
@@ -392,9 +397,9 @@ std::string WithoutCommentsAndLiterals(const std::string& text) {
   std::string out = text;
   size_t i = 0;
   while (i < out.size()) {
-    if (out.compare(i, 2, "//") == 0) {
+    if (StartsAt(out, i, "//")) {
       while (i < out.size() && out[i] != '\n') out[i++] = ' ';
-    } else if (out.compare(i, 2, "/*") == 0) {
+    } else if (StartsAt(out, i, "/*")) {
       const size_t end = out.find("*/", i + 2);
       const size_t stop = end == std::string::npos ? out.size() : end + 2;
       for (; i < stop; ++i) {
@@ -431,9 +436,9 @@ std::string UnsupportedFeature(const std::string& msl_source) {
     size_t next = end;
     while (next < text.size() && IsSpaceChar(text[next])) ++next;
     const char after = next < text.size() ? text[next] : '\0';
-    const bool scope = text.compare(next, 2, "::") == 0;
+    const bool scope = StartsAt(text, next, "::");
     for (const Refused& refused : kRefused) {
-      if (word != refused.name) continue;
+      if (std::strcmp(word.c_str(), refused.name) != 0) continue;  // see StartsAt
       bool used = false;
       switch (refused.use) {
         case Use::kType:
