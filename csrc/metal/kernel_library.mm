@@ -174,7 +174,7 @@ id<MTLComputePipelineState> NewComputePipeline(id<MTLDevice> device, id<MTLLibra
 id<MTLComputePipelineState> GetComputePipeline(id<MTLDevice> device, const std::string& kernel_name,
                                                Error* error) {
   if (device == nil) {
-    *error = Error::Internal("tf_metal_ops: the command buffer has no Metal device");
+    *error = NoMetalDevice();
     return nil;
   }
   // Held while the library compiles or a pipeline is built: other threads would only build the
@@ -214,22 +214,15 @@ id<MTLComputePipelineState> GetComputePipeline(id<MTLDevice> device, const std::
 
 id<MTLBuffer> GetDiscardedErrorRecord(id<MTLDevice> device, Error* error) {
   if (device == nil) {
-    *error = Error::Internal("tf_metal_ops: the command buffer has no Metal device");
+    *error = NoMetalDevice();
     return nil;
   }
   std::lock_guard<std::mutex> lock(CacheMutex());
   DeviceKernels& entry = EntryForDevice<DeviceKernels>(device);
   if (entry.discarded_error_record == nil) {
-    id<MTLBuffer> buffer =
-        [device newBufferWithLength:sizeof(CustomLossErrorRecord)
-                            options:MTLResourceStorageModeShared |
-                                    MTLResourceHazardTrackingModeUntracked];
-    if (buffer == nil) {
-      *error = Error::Internal("tf_metal_ops: allocating a " +
-                               std::to_string(sizeof(CustomLossErrorRecord)) +
-                               "-byte Metal buffer failed");
-      return nil;
-    }
+    id<MTLBuffer> buffer = NewUntrackedSharedBuffer(device, sizeof(CustomLossErrorRecord),
+                                                    "a discarded error record", error);
+    if (buffer == nil) return nil;
     InitCustomLossErrorRecord(static_cast<CustomLossErrorRecord*>([buffer contents]));
     entry.discarded_error_record = buffer;
   }
@@ -238,7 +231,7 @@ id<MTLBuffer> GetDiscardedErrorRecord(id<MTLDevice> device, Error* error) {
 
 id<MTLBuffer> GetErrorRecordSlab(id<MTLDevice> device, ErrorRecordSlots** slots, Error* error) {
   if (device == nil) {
-    *error = Error::Internal("tf_metal_ops: the command buffer has no Metal device");
+    *error = NoMetalDevice();
     return nil;
   }
   std::lock_guard<std::mutex> lock(CacheMutex());
@@ -246,16 +239,9 @@ id<MTLBuffer> GetErrorRecordSlab(id<MTLDevice> device, ErrorRecordSlots** slots,
   if (entry.error_record_slab == nil) {
     const size_t length = sizeof(CustomLossErrorRecord) * ErrorRecordSlots::kCapacity;
     // Untracked: each launch writes only the slot it was given, which no other launch touches
-    // until the completion handler has freed it, so Metal need not order launches by this
-    // buffer.
-    id<MTLBuffer> buffer = [device newBufferWithLength:length
-                                               options:MTLResourceStorageModeShared |
-                                                       MTLResourceHazardTrackingModeUntracked];
-    if (buffer == nil) {
-      *error = Error::Internal("tf_metal_ops: allocating the " + std::to_string(length) +
-                               "-byte Metal buffer of error records failed");
-      return nil;
-    }
+    // until the completion handler has freed it.
+    id<MTLBuffer> buffer = NewUntrackedSharedBuffer(device, length, "error records", error);
+    if (buffer == nil) return nil;
     entry.error_record_slab = buffer;
     entry.error_record_slots = std::make_unique<ErrorRecordSlots>(ErrorRecordSlots::kCapacity);
   }

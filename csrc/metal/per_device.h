@@ -11,7 +11,10 @@
 #import <Metal/Metal.h>
 
 #include <memory>
+#include <string>
 #include <vector>
+
+#include "csrc/tf_c.h"
 
 namespace tf_metal_ops {
 namespace metal {
@@ -26,6 +29,26 @@ Entry& EntryForDevice(id<MTLDevice> device) {
   entries->push_back(std::make_unique<Entry>());
   entries->back()->device = device;
   return *entries->back();
+}
+
+// The error of a cache lookup given no device (a command buffer without one).
+inline Error NoMetalDevice() {
+  return Error::Internal("tf_metal_ops: the command buffer has no Metal device");
+}
+
+// A device-wide buffer in shared storage (the CPU reads it without a copy) with hazard tracking
+// off: launches write only what no other running launch touches, so Metal must not order
+// unrelated command buffers by it. nil with `*error` naming `what` when the allocation fails.
+inline id<MTLBuffer> NewUntrackedSharedBuffer(id<MTLDevice> device, size_t length,
+                                              const std::string& what, Error* error) {
+  id<MTLBuffer> buffer = [device newBufferWithLength:length
+                                             options:MTLResourceStorageModeShared |
+                                                     MTLResourceHazardTrackingModeUntracked];
+  if (buffer == nil) {
+    *error = Error::Internal("tf_metal_ops: allocating the " + std::to_string(length) +
+                             "-byte Metal buffer of " + what + " failed");
+  }
+  return buffer;
 }
 
 }  // namespace metal

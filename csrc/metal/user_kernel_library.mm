@@ -38,9 +38,6 @@ std::mutex& CacheMutex() {
   return *mutex;
 }
 
-
-Error NoDevice() { return Error::Internal("tf_metal_ops: the command buffer has no Metal device"); }
-
 // Compiles `source` with safe math; nil with `*error` set to the compiler's message.
 id<MTLLibrary> CompileLibrary(id<MTLDevice> device, const std::string& source, Error* error) {
   std::string why;
@@ -68,7 +65,7 @@ id<MTLComputePipelineState> BuildPipeline(id<MTLDevice> device, id<MTLLibrary> l
 id<MTLComputePipelineState> GetUserKernelPipeline(id<MTLDevice> device, const std::string& source,
                                                   const std::string& kernel_name, Error* error) {
   if (device == nil) {
-    *error = NoDevice();
+    *error = NoMetalDevice();
     return nil;
   }
   // Held while compiling: another thread asking for the same source waits for this compile
@@ -94,7 +91,7 @@ id<MTLComputePipelineState> GetUserKernelPipeline(id<MTLDevice> device, const st
 id<MTLComputePipelineState> GetFillPipeline(id<MTLDevice> device, size_t element_size,
                                             Error* error) {
   if (device == nil) {
-    *error = NoDevice();
+    *error = NoMetalDevice();
     return nil;
   }
   int slot = -1;
@@ -129,19 +126,15 @@ id<MTLComputePipelineState> GetFillPipeline(id<MTLDevice> device, size_t element
 
 id<MTLBuffer> GetPlaceholderBuffer(id<MTLDevice> device, Error* error) {
   if (device == nil) {
-    *error = NoDevice();
+    *error = NoMetalDevice();
     return nil;
   }
   std::lock_guard<std::mutex> lock(CacheMutex());
   DeviceUserKernels& entry = EntryForDevice<DeviceUserKernels>(device);
   if (entry.placeholder == nil) {
-    // Untracked: nothing reads or writes it, so it must not order unrelated command buffers.
-    entry.placeholder = [device newBufferWithLength:16
-                                            options:MTLResourceStorageModeShared |
-                                                    MTLResourceHazardTrackingModeUntracked];
-    if (entry.placeholder == nil) {
-      *error = Error::Internal("tf_metal_ops: allocating a 16-byte Metal buffer failed");
-    }
+    // Nothing reads or writes it: a valid buffer to bind for an empty tensor.
+    entry.placeholder = NewUntrackedSharedBuffer(device, 16, "an empty tensor's placeholder",
+                                                 error);
   }
   return entry.placeholder;
 }
