@@ -182,3 +182,65 @@ def test_generated_source_from_specs_follows_dtype_and_rank():
 def test_generated_source_checks_its_arguments(inputs, output_dtypes, template, error, match):
     with pytest.raises(error, match=match):
         exp_kernel().generated_source(inputs, output_dtypes, template=template)
+
+
+# ---- compare_kernel ------------------------------------------------------------------------
+
+
+def compare_exp(kernel, x, **kwargs):
+    return tf_metal_ops.compare_kernel(
+        kernel, inputs=[x], output_shapes=[x.shape], output_dtypes=[tf.float32],
+        grid=(int(np.prod(x.shape)), 1, 1), threadgroup=(64, 1, 1),
+        template=[("T", tf.float32)], **kwargs)
+
+
+def test_compare_kernel_against_its_fallback_passes_and_names_the_absent_gpu():
+    report = compare_exp(exp_kernel(CountingExp()), X)
+    assert report.passed and report.has_reference
+    assert report.devices == ("CPU:0",)
+    (row,) = report.comparisons
+    assert (row.actual, row.expected, row.dtype) == ("CPU:0", "reference", "float32")
+    assert (row.rtol, row.atol) == tf_metal_ops.compare.DEFAULT_TOLERANCES["float32"]
+    assert 0 <= row.max_rel_error < 1e-6
+    assert report.absent == {"GPU": "not present"}  # this machine has no GPU
+    text = str(report)
+    assert "CPU:0 vs reference" in text and "not present" in text
+    assert report.to_dict()["absent"] == {"GPU": "not present"}
+
+
+def test_compare_kernel_finds_a_wrong_kernel():
+    wrong = tf_metal_ops.metal_kernel(
+        "wrong_exp", ["inp"], ["out"],
+        EXP_SOURCE.replace("metal::exp(tmp)", "metal::exp(tmp) * 1.001f"),
+        fallback=tf.exp)
+    report = compare_exp(wrong, X)
+    assert not report.passed
+    (row,) = report.failures
+    assert row.max_rel_error == pytest.approx(1e-3, rel=1e-2)
+    assert "FAIL" in str(report)
+
+
+def test_compare_kernel_takes_a_numpy_reference_and_exact_integers():
+    kernel = tf_metal_ops.metal_kernel(
+        "add_one", ["a"], ["b"], "b[thread_position_in_grid.x] = a[thread_position_in_grid.x] + 1;")
+    a = tf.range(10, dtype=tf.int32)
+    common = dict(inputs=[a], output_shapes=[[10]], output_dtypes=[tf.int32], grid=(10, 1, 1),
+                  threadgroup=(4, 1, 1))
+    assert tf_metal_ops.compare_kernel(kernel, reference=lambda a: a + 1, **common).passed
+    off = tf_metal_ops.compare_kernel(kernel, reference=lambda a: a + (a == 3), **common)
+    assert not off.passed and off.failures[0].mismatches == 9
+    assert (off.failures[0].rtol, off.failures[0].atol) == (0.0, 0.0)
+
+
+def test_compare_kernel_without_reference_or_fallback_says_nothing_was_compared():
+    report = compare_exp(exp_kernel(), X)
+    assert report.verdict == "NOTHING COMPARED"
+
+
+def test_compare_kernel_checks_its_arguments():
+    with pytest.raises(TypeError, match="kernel must be what tf_metal_ops.metal_kernel"):
+        tf_metal_ops.compare_kernel(tf.exp, inputs=[X], output_shapes=[X.shape],
+                                    output_dtypes=[tf.float32], grid=(1, 1, 1),
+                                    threadgroup=(1, 1, 1))
+    with pytest.raises(TypeError, match="reference must be callable"):
+        compare_exp(exp_kernel(), X, reference=3)
