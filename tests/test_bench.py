@@ -211,6 +211,8 @@ def test_bench_metal_kernel_row_reports_both_medians_and_their_ratio():
 
 
 def test_bench_metal_kernel_row_can_be_left_out():
-    args = bench.build_parser().parse_args(["--quick", "--no-metal-kernel"])
-    assert args.metal_kernel is False
-    assert bench.build_parser().parse_args(["--quick"]).metal_kernel is True
+    parse = bench.build_parser().parse_args
+    assert bench._metal_kernel_plan(parse(["--quick", "--no-metal-kernel"])) is None
+    assert bench._metal_kernel_plan(parse(["--linear-head-only"])) is None
+    assert bench._metal_kernel_plan(parse(["--quick"])) == (4096, 3)
+    assert bench._metal_kernel_plan(parse(["--repeats", "7"])) == (2 ** 20, 7)

@@ -645,6 +645,9 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     if only_linear_head or getattr(args, "linear_head", False):
         total += bench_linear_head.MEMORY_REPEATS * len(bench_linear_head.CASES) * len(
             bench_linear_head.QUICK_CLASSES if args.quick else bench_linear_head.DEFAULT_CLASSES)
+    metal_kernel = _metal_kernel_plan(args)
+    if metal_kernel is not None:
+        total += len(bench_metal_kernel.CASES) * metal_kernel[1]
     progress = _Progress(total, enabled=True)
     # Every case is a new tf.function by design; TensorFlow's "retracing" warning would be noise.
     import tensorflow as tf
@@ -656,6 +659,15 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
         return _run_plan(args, plan, do_memory, memory_size, progress)
     finally:
         logger.setLevel(previous_level)
+
+
+def _metal_kernel_plan(args: argparse.Namespace) -> Optional[Tuple[int, int]]:
+    """(elements, repeats) of the metal_kernel row, or None when it is left out."""
+    if not getattr(args, "metal_kernel", True) or getattr(args, "linear_head_only", False):
+        return None
+    mk = bench_metal_kernel
+    return (mk.QUICK_ELEMENTS if args.quick else mk.ELEMENTS,
+            args.repeats or (mk.QUICK_REPEATS if args.quick else mk.REPEATS))
 
 
 def _run_plan(args: argparse.Namespace, plan, do_memory: bool, memory_size: Tuple[int, int],
@@ -690,11 +702,9 @@ def _run_plan(args: argparse.Namespace, plan, do_memory: bool, memory_size: Tupl
                        args.repeats or lh.QUICK_STEPS, progress) if args.quick
             else lh.measure(lh.DEFAULT_ROWS, lh.DEFAULT_HIDDEN, lh.DEFAULT_CLASSES,
                             args.repeats or lh.DEFAULT_STEPS, progress))
-    if getattr(args, "metal_kernel", True) and not getattr(args, "linear_head_only", False):
-        mk = bench_metal_kernel
-        report["metal_kernel"] = mk.measure(
-            mk.QUICK_ELEMENTS if args.quick else mk.ELEMENTS,
-            args.repeats or (mk.QUICK_REPEATS if args.quick else mk.REPEATS), progress)
+    metal_kernel = _metal_kernel_plan(args)
+    if metal_kernel is not None:
+        report["metal_kernel"] = bench_metal_kernel.measure(*metal_kernel, progress)
     progress.close()
     return report
 
