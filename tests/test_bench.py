@@ -189,3 +189,30 @@ def test_bench_linear_head_section_runs_every_case():
     assert "TF_ENABLE_ONEDNN_OPTS" in section["backends"]
     table = bench.format_table(report)
     assert "linear head" in table and all(case in table for case in cases)
+
+
+def test_bench_metal_kernel_row_reports_both_medians_and_their_ratio():
+    """The metal_kernel row: the exp kernel and tf.exp timed side by side, the ratio worked out
+    from the medians and set against the target, the two results checked against each other."""
+    from tf_metal_ops.tools.bench import metal_kernel as mk
+
+    section = mk.measure(1000, 3, bench._Progress(6, enabled=False))
+    assert section["elements"] == 1000 and section["repeats"] == 3
+    assert set(section["median_ms"]) == {name for name, _ in mk.CASES} == set(section["min_ms"])
+    assert all(0 < section["min_ms"][n] <= ms for n, ms in section["median_ms"].items())
+    assert section["ratio"] == pytest.approx(
+        section["median_ms"]["metal_kernel_exp"] / section["median_ms"]["tf_exp"])
+    assert section["within_target"] is (section["ratio"] <= mk.TARGET)
+    assert 0 <= section["max_rel_error"] < 1e-5
+    report = {"environment": dict(bench.environment()), "sizes": [], "settings": {},
+              "metal_kernel": section}
+    table = bench.format_table(report)
+    assert "metal_kernel_exp" in table and "ratio metal_kernel_exp / tf_exp" in table
+
+
+def test_bench_metal_kernel_row_can_be_left_out():
+    parse = bench.build_parser().parse_args
+    assert bench._metal_kernel_plan(parse(["--quick", "--no-metal-kernel"])) is None
+    assert bench._metal_kernel_plan(parse(["--linear-head-only"])) is None
+    assert bench._metal_kernel_plan(parse(["--quick"])) == (4096, 3)
+    assert bench._metal_kernel_plan(parse(["--repeats", "7"])) == (2 ** 20, 7)

@@ -27,6 +27,7 @@ _NATIVE_API = (
     "build_info",
     "commit_and_wait",
     "compare_devices",
+    "compare_kernel",
     "custom_loss",
     "get_commit_mode",
     "get_cpu_threads",
@@ -53,6 +54,7 @@ if _unavailable is None:
     from tf_metal_ops import composed, debug, loss_path
     from tf_metal_ops._native import build_info
     from tf_metal_ops.compare import compare_devices, value_and_gradients
+    from tf_metal_ops.kernel_compare import compare_kernel
     from tf_metal_ops.keras import CustomLoss, LinearCrossEntropyHead, PerTokenLoss
     from tf_metal_ops.kernels import kernel_cache_info, metal_kernel
     from tf_metal_ops.linear_cross_entropy import linear_cross_entropy

@@ -30,6 +30,7 @@ GRADIENT_OP = "TfMetalOps>CustomLossGrad"
 LINEAR_OP = "TfMetalOps>LinearCrossEntropy"
 LINEAR_GRADIENT_OP = "TfMetalOps>LinearCrossEntropyGrad"
 LOSS_OPS = (FORWARD_OP, GRADIENT_OP)
+METAL_KERNEL_OP = "TfMetalOps>MetalKernel"  # tf_metal_ops.metal_kernel's generic op
 # TensorFlow's short names for the DataType enum values our attrs use.
 _DTYPE_NAMES = {1: "float", 2: "double", 3: "int32", 9: "int64", 14: "bfloat16", 19: "half"}
 

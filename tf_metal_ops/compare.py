@@ -146,6 +146,8 @@ class DeviceComparisonReport:
             still compared).
         comparisons: One entry per output and per pair of runs.
         notes: Plain-language remarks (no GPU found, unexpected placements, nothing compared).
+        absent: Devices that were not run, each with why (`{"GPU": "not present"}`); shown as
+            rows of the table (`compare_kernel` fills it).
     """
 
     devices: tuple[str, ...]
@@ -155,6 +157,7 @@ class DeviceComparisonReport:
     errors: Mapping[str, str]
     comparisons: tuple[OutputComparison, ...]
     notes: tuple[str, ...]
+    absent: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def verdict(self) -> str:
@@ -187,6 +190,7 @@ class DeviceComparisonReport:
             "errors": dict(self.errors),
             "comparisons": [c.to_dict() for c in self.comparisons],
             "notes": list(self.notes),
+            "absent": dict(self.absent),
         }
 
     def table_rows(self) -> list[list[str]]:
@@ -207,6 +211,8 @@ class DeviceComparisonReport:
                 f"{format_number(c.rtol, 0)}/{format_number(c.atol, 0)}",
                 "PASS" if c.passed else "FAIL",
             ])
+        for device, why in self.absent.items():
+            rows.append(["*", device] + ["-"] * (len(self.TABLE_HEADERS) - 3) + [why])
         return rows
 
     TABLE_HEADERS = ("output", "compared", "shape", "dtype", "max abs err", "max rel err",
@@ -217,7 +223,7 @@ class DeviceComparisonReport:
         if self.has_reference:
             runs += " + reference"
         lines = [f"compare_devices: {runs} -> {self.verdict}"]
-        if self.comparisons:
+        if self.comparisons or self.absent:
             lines.append(format_table(self.TABLE_HEADERS, self.table_rows(), indent="  "))
         for c in self.failures:
             if c.worst_index is not None:

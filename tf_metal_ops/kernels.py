@@ -16,11 +16,11 @@ import os
 import re
 import tempfile
 from pathlib import Path
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
-from tf_metal_ops import _native, _toolchain
+from tf_metal_ops import _native, _toolchain, loss_path
 
 # TensorFlow dtype -> the MSL type the generated signature uses.
 MSL_TYPES = {
@@ -200,8 +200,12 @@ class MetalKernel:
 
     def __init__(self, name: str, input_names: Sequence[str], output_names: Sequence[str],
                  source: str, header: str = "", ensure_row_contiguous: bool = True,
-                 atomic_outputs: bool = False):
+                 atomic_outputs: bool = False, fallback: Optional[Callable[..., Any]] = None):
         self.name = _check_name("name", name)
+        if fallback is not None and not callable(fallback):
+            raise TypeError(f"fallback must be a callable of TensorFlow ops (taking the inputs, "
+                            f"returning the outputs) or None, got {fallback!r}")
+        self.fallback = fallback
         self.input_names = _check_names("input_names", input_names)
         self.output_names = _check_names("output_names", output_names)
         if not self.output_names:
@@ -319,14 +323,10 @@ class MetalKernel:
             verbose: print the generated source.
         """
         inputs = self._inputs(inputs)
-        count = len(self.output_names)
-        for argument, values in (("output_shapes", output_shapes),
-                                 ("output_dtypes", output_dtypes)):
-            if not isinstance(values, (list, tuple)) or len(values) != count:
-                raise ValueError(f"{argument} needs {count} entries (one per output name "
-                                 f"{self.output_names}), got {values!r}")
-        dtypes = [_as_dtype(f"output_dtypes[{i}] ({n!r})", d)
-                  for i, (n, d) in enumerate(zip(self.output_names, output_dtypes))]
+        dtypes = self._output_dtypes(output_dtypes)
+        if not isinstance(output_shapes, (list, tuple)) or len(output_shapes) != len(dtypes):
+            raise ValueError(f"output_shapes needs {len(dtypes)} entries (one per output name "
+                             f"{self.output_names}), got {output_shapes!r}")
         shapes, ranks, static_shapes = self._output_shapes(output_shapes)
         grid = _grid(grid)
         threadgroup = _dims3("threadgroup", threadgroup, MAX_THREADGROUP_THREADS)
@@ -340,6 +340,8 @@ class MetalKernel:
             raise TypeError(f"init_value must be a number or None, got {init_value!r}")
         if not isinstance(verbose, bool):
             raise TypeError(f"verbose must be True or False, got {verbose!r}")
+        if self._runs_fallback(inputs):
+            return self._run_fallback(inputs, dtypes, output_shapes, static_shapes)
         kernel_name, source = self.generate(
             [MSL_TYPES[x.dtype] for x in inputs], [x.shape.rank for x in inputs],
             [MSL_TYPES[d] for d in dtypes], template)
@@ -355,21 +357,108 @@ class MetalKernel:
             out.set_shape(static)
         return list(outputs)
 
-    def _inputs(self, inputs: Any) -> List[tf.Tensor]:
+    def generated_source(self, inputs: Sequence[Any], output_dtypes: Sequence[Any],
+                         template: Optional[Sequence[Tuple[str, Any]]] = None) -> str:
+        """The full MSL source that a call with these inputs, output dtypes and template
+        compiles, without running anything: what `verbose=True` prints. (`source` is the body
+        the kernel was made with.)
+
+        Args:
+            inputs: one entry per input name: a tensor, an array or a `tf.TensorSpec`; only
+                the dtype and the rank matter (a rank-0 input is a `constant T&`).
+            output_dtypes: one dtype per output name.
+            template: (name, value) pairs, as in the call.
+        """
+        specs = self._inputs(inputs, specs_allowed=True)
+        dtypes = self._output_dtypes(output_dtypes)
+        return self.generate([MSL_TYPES[x.dtype] for x in specs], [x.shape.rank for x in specs],
+                             [MSL_TYPES[d] for d in dtypes], self._template(template))[1]
+
+    # ---- the fallback ----------------------------------------------------------------------
+
+    def _runs_fallback(self, inputs: Sequence[tf.Tensor]) -> bool:
+        """Where the op cannot run (an XLA compilation) or has no kernel for the device, the
+        same decision as the loss's (loss_path.choose): the fallback runs there if given. Under
+        XLA without one, an error that says what to do; on a device without a kernel of ours,
+        the op itself, which TensorFlow places on the CPU."""
+        kernels = loss_path.registered_device_types(_native.METAL_KERNEL_OP)
+        path, _ = loss_path.choose(inputs[0] if inputs else None,
+                                   kernels=("CPU",) if kernels is None else kernels)
+        if path == loss_path.NATIVE:
+            return False
+        if self.fallback is not None:
+            return True
+        if path == loss_path.COMPOSED_XLA:
+            raise ValueError(
+                f"metal_kernel {self.name!r} cannot run inside an XLA compilation "
+                f"(jit_compile=True): its op has no XLA kernel. Pass fallback= to "
+                f"metal_kernel(...), a function of TensorFlow ops that takes the inputs and "
+                f"returns the outputs, or compile without XLA (jit_compile=False)")
+        return False
+
+    def _run_fallback(self, inputs: Sequence[tf.Tensor], dtypes: Sequence[tf.DType],
+                      output_shapes: Sequence[Any], static_shapes: Sequence[tf.TensorShape]
+                      ) -> List[tf.Tensor]:
+        """The fallback's outputs, checked against output_dtypes and output_shapes."""
+        results = self.fallback(*inputs)
+        if isinstance(results, (list, tuple)):
+            results = list(results)
+        else:
+            results = [results]
+        if len(results) != len(self.output_names):
+            raise ValueError(f"fallback of metal_kernel {self.name!r} returned {len(results)} "
+                             f"outputs; output_names {self.output_names} needs "
+                             f"{len(self.output_names)}")
+        outputs = []
+        for name, value, dtype, shape, static in zip(self.output_names, results, dtypes,
+                                                     output_shapes, static_shapes):
+            try:
+                out = tf.convert_to_tensor(value)
+            except (TypeError, ValueError) as error:
+                raise TypeError(f"fallback of metal_kernel {self.name!r}: output {name!r} is "
+                                f"not a tensor ({error})") from None
+            if out.dtype != dtype:
+                raise TypeError(f"fallback of metal_kernel {self.name!r}: output {name!r} has "
+                                f"the dtype {out.dtype.name}; output_dtypes says {dtype.name}")
+            if not out.shape.is_compatible_with(static):
+                raise ValueError(f"fallback of metal_kernel {self.name!r}: output {name!r} has "
+                                 f"the shape {out.shape}; output_shapes says {static}")
+            if isinstance(shape, (tf.Tensor, tf.Variable)) and not static.is_fully_defined():
+                # Known only at run time: checked there (XLA compiles the check away).
+                with tf.control_dependencies([tf.debugging.assert_equal(
+                        tf.shape(out, out_type=tf.int64), tf.cast(shape, tf.int64),
+                        message=f"fallback of metal_kernel {self.name!r}: output {name!r} "
+                                "does not have the shape output_shapes says")]):
+                    out = tf.identity(out)
+            out = tf.ensure_shape(out, static) if static.rank is not None else out
+            outputs.append(out)
+        return outputs
+
+    def _inputs(self, inputs: Any, specs_allowed: bool = False) -> List[Any]:
+        """One tensor per input name (or its `tf.TensorSpec`, where `specs_allowed`), checked."""
         if not isinstance(inputs, (list, tuple)) or len(inputs) != len(self.input_names):
             raise ValueError(f"inputs needs {len(self.input_names)} tensors (one per input name "
                              f"{self.input_names}), got "
                              f"{len(inputs) if isinstance(inputs, (list, tuple)) else inputs!r}")
-        tensors = []
+        checked = []
         for name, value in zip(self.input_names, inputs):
-            tensor = tf.convert_to_tensor(value)
-            if tensor.dtype not in MSL_TYPES:
-                _as_dtype(f"input {name!r}", tensor.dtype)
-            if tensor.shape.rank is None:
+            if not (specs_allowed and isinstance(value, tf.TensorSpec)):
+                value = tf.convert_to_tensor(value)
+            if value.dtype not in MSL_TYPES:
+                _as_dtype(f"input {name!r}", value.dtype)
+            if value.shape.rank is None:
                 raise ValueError(f"input {name!r} has an unknown rank; the signature depends on "
                                  "it (a pointer, or a reference for a scalar)")
-            tensors.append(tensor)
-        return tensors
+            checked.append(value)
+        return checked
+
+    def _output_dtypes(self, output_dtypes: Any) -> List[tf.DType]:
+        count = len(self.output_names)
+        if not isinstance(output_dtypes, (list, tuple)) or len(output_dtypes) != count:
+            raise ValueError(f"output_dtypes needs {count} entries (one per output name "
+                             f"{self.output_names}), got {output_dtypes!r}")
+        return [_as_dtype(f"output_dtypes[{i}] ({n!r})", d)
+                for i, (n, d) in enumerate(zip(self.output_names, output_dtypes))]
 
     def _output_shapes(self, output_shapes: Sequence[Any]):
         """The dims of every output as one int64 vector, the ranks, and the static shapes."""
@@ -423,7 +512,8 @@ class MetalKernel:
 
 def metal_kernel(name: str, input_names: Sequence[str], output_names: Sequence[str],
                  source: str, header: str = "", ensure_row_contiguous: bool = True,
-                 atomic_outputs: bool = False) -> MetalKernel:
+                 atomic_outputs: bool = False,
+                 fallback: Optional[Callable[..., Any]] = None) -> MetalKernel:
     """A Metal kernel from its body, as a callable that runs it as a TensorFlow op.
 
     As MLX's `mx.fast.metal_kernel`: `source` is the body; the signature is generated (inputs
@@ -433,9 +523,16 @@ def metal_kernel(name: str, input_names: Sequence[str], output_names: Sequence[s
     names). `header` goes before the kernel. Runs on the CPU through the MSL emulator
     (docs/kernels.md); on Apple's GPU (tensorflow-metal) the op has a Metal kernel, built but
     never run on a Mac.
+
+    `fallback`: a callable of TensorFlow ops, called with the inputs (tensors, in the order of
+    `input_names`) and returning the outputs (one tensor, or a list of one per output name, of
+    the call's `output_dtypes` and `output_shapes`). It runs instead of the kernel where the op
+    cannot: inside an XLA compilation (`jit_compile=True`), and on a device without a kernel of
+    ours (a CUDA GPU, a TPU), as the package's loss composes itself there
+    (`tf_metal_ops.loss_path`). Without one, the kernel raises under XLA.
     """
     return MetalKernel(name, input_names, output_names, source, header, ensure_row_contiguous,
-                       atomic_outputs)
+                       atomic_outputs, fallback)
 
 
 def kernel_cache_info() -> dict:

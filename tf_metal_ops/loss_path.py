@@ -15,6 +15,10 @@ There `custom_loss` builds `tf_metal_ops.composed` instead, the same function wr
 TensorFlow ops. The choice is made where the op would be made (at trace time inside
 `tf.function`, at each call in eager mode) and counted, so `loss_path_info()`, the demo and
 `python -m tf_metal_ops info` can say which path ran.
+
+`tf_metal_ops.metal_kernel` takes the same decision for a user's kernel (`choose` with its
+op's kernels): where the loss would be composed, the kernel runs its `fallback=` callable of
+TensorFlow ops when it has one. Those choices are not counted here: they are not losses.
 """
 
 from __future__ import annotations
@@ -96,15 +100,22 @@ def device_lacks_kernel(device_type: str, kernel_device_types: Iterable[str]) ->
 
 
 @functools.lru_cache(maxsize=None)
-def kernel_device_types() -> Tuple[str, ...]:
-    """Device types with a kernel of our forward op in TensorFlow's registry (filled when the
-    native library loaded, so it does not change afterwards)."""
+def registered_device_types(op_name: str) -> Optional[Tuple[str, ...]]:
+    """Device types with a kernel of `op_name` in TensorFlow's registry (filled when the native
+    library loaded, so it does not change afterwards); None where the registry query moved."""
     try:
-        found = {k["device_type"] for k in _native.registered_kernels(_native.FORWARD_OP)}
+        return tuple(sorted({k["device_type"] for k in _native.registered_kernels(op_name)}))
     except (ImportError, AttributeError):  # pragma: no cover - the registry query moved
+        return None
+
+
+def kernel_device_types() -> Tuple[str, ...]:
+    """Device types with a kernel of our forward loss op."""
+    found = registered_device_types(_native.FORWARD_OP)
+    if found is None:  # pragma: no cover - the registry query moved
         apple_gpu = runtime.metal_available() and gpu_plugin.gpu_plugin().metal_kernels
-        found = {"CPU", "GPU"} if apple_gpu else {"CPU"}
-    return tuple(sorted(found))
+        return ("CPU", "GPU") if apple_gpu else ("CPU",)
+    return found
 
 
 def visible_device_types() -> Tuple[str, ...]:
@@ -113,12 +124,15 @@ def visible_device_types() -> Tuple[str, ...]:
     return tuple(sorted({d.device_type for d in tf.config.get_visible_devices()}))
 
 
-def choose(logits: Any) -> Tuple[str, str]:
-    """(path, reason) for a loss made now with these logits; see the module docstring."""
+def choose(logits: Any, kernels: Optional[Sequence[str]] = None) -> Tuple[str, str]:
+    """(path, reason) for an op made now with these logits (or any tensor its ops follow); see
+    the module docstring. `kernels`: the device types the op has kernels for; default, those of
+    our loss op (`metal_kernel`'s op passes its own, and runs its `fallback=` where this says
+    composed)."""
     if in_xla_context():
         return COMPOSED_XLA, "inside an XLA compilation (jit_compile)"
     device_type = target_device_type(requested_device(logits), visible_device_types())
-    kernels = kernel_device_types()
+    kernels = kernel_device_types() if kernels is None else tuple(kernels)
     if device_lacks_kernel(device_type, kernels):
         return COMPOSED_DEVICE, (f"{device_type} has no kernel of ours (kernels registered for "
                                  f"{', '.join(kernels)}){_plugin_note(device_type)}")

@@ -39,7 +39,7 @@ Usage:
                                  [--dtype float32|float16|bfloat16]
                                  [--repeats R] [--threads T] [--memory | --no-memory]
                                  [--memory-size 65536x1000]
-                                 [--linear-head | --linear-head-only]
+                                 [--linear-head | --linear-head-only] [--no-metal-kernel]
 
 `--dtype` sets the logits' dtype of every timed case (labels, targets and the floor follow: the
 floor moves the dtype's bytes, 3 x its size per element); the memory sections stay float32.
@@ -49,6 +49,10 @@ A case TensorFlow cannot run in that dtype is reported as unavailable, with the 
 against Dense(V) + CustomLoss and Dense(V) + Keras's sparse cross-entropy: memory, time and
 error against float64, N = 8192, d = 512, V in {32000, 128256}; tiny sizes with `--quick`);
 `--linear-head-only` runs that section alone.
+
+The metal_kernel row (tf_metal_ops/tools/bench/metal_kernel.py, on unless `--no-metal-kernel` or
+`--linear-head-only`): MLX's exp kernel through `tf_metal_ops.metal_kernel` on the CPU path
+against tf.exp over 2^20 float32 values (2^12 with `--quick`), the ratio of the medians.
 """
 
 from __future__ import annotations
@@ -65,6 +69,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from tf_metal_ops.tools.arguments import non_negative_int, positive_int
 from tf_metal_ops.tools.bench import linear_head as bench_linear_head
+from tf_metal_ops.tools.bench import metal_kernel as bench_metal_kernel
 from tf_metal_ops.tools.bench.process import reset_peak_rss, run_child, status_kib
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -169,6 +174,8 @@ def build_parser(prog: str = "tf-metal-ops bench", add_help: bool = True) -> arg
                              help="also run the linear_cross_entropy section")
     linear_head.add_argument("--linear-head-only", action="store_true",
                              help="run only the linear_cross_entropy section")
+    parser.add_argument("--no-metal-kernel", dest="metal_kernel", action="store_false",
+                        help="leave out the metal_kernel row (exp kernel against tf.exp)")
     return parser
 
 
@@ -599,6 +606,9 @@ def format_table(report: Dict[str, Any]) -> str:
     if report.get("linear_head"):
         lines.append("")
         lines.extend(bench_linear_head.format_section(report["linear_head"]))
+    if report.get("metal_kernel"):
+        lines.append("")
+        lines.extend(bench_metal_kernel.format_section(report["metal_kernel"]))
     lm_head = report.get("lm_head_memory")
     if lm_head:
         lines.append("")
@@ -635,6 +645,9 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     if only_linear_head or getattr(args, "linear_head", False):
         total += bench_linear_head.MEMORY_REPEATS * len(bench_linear_head.CASES) * len(
             bench_linear_head.QUICK_CLASSES if args.quick else bench_linear_head.DEFAULT_CLASSES)
+    metal_kernel = _metal_kernel_plan(args)
+    if metal_kernel is not None:
+        total += len(bench_metal_kernel.CASES) * metal_kernel[1]
     progress = _Progress(total, enabled=True)
     # Every case is a new tf.function by design; TensorFlow's "retracing" warning would be noise.
     import tensorflow as tf
@@ -646,6 +659,15 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
         return _run_plan(args, plan, do_memory, memory_size, progress)
     finally:
         logger.setLevel(previous_level)
+
+
+def _metal_kernel_plan(args: argparse.Namespace) -> Optional[Tuple[int, int]]:
+    """(elements, repeats) of the metal_kernel row, or None when it is left out."""
+    if not getattr(args, "metal_kernel", True) or getattr(args, "linear_head_only", False):
+        return None
+    mk = bench_metal_kernel
+    return (mk.QUICK_ELEMENTS if args.quick else mk.ELEMENTS,
+            args.repeats or (mk.QUICK_REPEATS if args.quick else mk.REPEATS))
 
 
 def _run_plan(args: argparse.Namespace, plan, do_memory: bool, memory_size: Tuple[int, int],
@@ -661,6 +683,7 @@ def _run_plan(args: argparse.Namespace, plan, do_memory: bool, memory_size: Tupl
         "memory": None,
         "lm_head_memory": None,
         "linear_head": None,
+        "metal_kernel": None,
     }
     for rows, cols, repeats in plan:
         result = time_size(rows, cols, repeats, progress,
@@ -679,6 +702,9 @@ def _run_plan(args: argparse.Namespace, plan, do_memory: bool, memory_size: Tupl
                        args.repeats or lh.QUICK_STEPS, progress) if args.quick
             else lh.measure(lh.DEFAULT_ROWS, lh.DEFAULT_HIDDEN, lh.DEFAULT_CLASSES,
                             args.repeats or lh.DEFAULT_STEPS, progress))
+    metal_kernel = _metal_kernel_plan(args)
+    if metal_kernel is not None:
+        report["metal_kernel"] = bench_metal_kernel.measure(*metal_kernel, progress)
     progress.close()
     return report
 
