@@ -54,6 +54,7 @@ constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 // The class weights of the vector ops, one per element; the padding lanes of a block get 0.
 struct GridWeights {
   const float* w;
+  bool NeverZero() const { return false; }  // the grid has w = 0 points
   template <bool kFull>
   VF Get(int64_t c, int64_t n) const {
     return LoadBlock<kFull>(w + c, n, 0.0f);
