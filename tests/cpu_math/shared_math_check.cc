@@ -54,6 +54,7 @@ constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 // The class weights of the vector ops, one per element; the padding lanes of a block get 0.
 struct GridWeights {
   const float* w;
+  bool NeverZero() const { return false; }  // the grid has w = 0 points
   template <bool kFull>
   VF Get(int64_t c, int64_t n) const {
     return LoadBlock<kFull>(w + c, n, 0.0f);
@@ -121,6 +122,9 @@ const float kWeights[] = {0.0f, 1e-4f, 0.3f, 1.0f, 2.5f};
 struct VectorTerms {
   float loss;  // w r^gamma lp (the loss op's lane)
   float g;     // g_c = w r^gamma (1 - gamma p lp / r) (the focal factor op's lane)
+  // The same two from the pass that takes both (gamma > 0; else loss and g).
+  float loss_of_both;
+  float g_of_both;
 };
 
 VectorTerms VectorTermsOf(float lp, float gamma, float w) {
@@ -136,8 +140,15 @@ VectorTerms VectorTermsOf(float lp, float gamma, float w) {
   if (gamma != 0.0f) {
     tf_metal_ops::FocalFactorTerms(z, grid, sm, e, g, gamma, 1);
     out.g = g[0];
+    // A forward writing the gradient takes both in one pass: the same bits as each alone.
+    float g_both[1] = {0.0f};
+    const auto both = tf_metal_ops::FocalLossAndFactorTerms(z, grid, sm, e, g_both, gamma, 1);
+    out.loss_of_both = both.first.Total();
+    out.g_of_both = g_both[0];
   } else {
     out.g = w;
+    out.loss_of_both = out.loss;
+    out.g_of_both = out.g;
   }
   return out;
 }
@@ -150,6 +161,8 @@ void CheckVectorAgainstScalar(Check* loss, Check* gradient, double rel_tol) {
     for (const float gamma : kGammas) {
       for (const float w : kWeights) {
         const VectorTerms vec = VectorTermsOf(lp, gamma, w);
+        loss->Exact(vec.loss_of_both, vec.loss, "loss term, one pass with g_c", lp, gamma, w);
+        gradient->Exact(vec.g_of_both, vec.g, "g_c, one pass with the loss", lp, gamma, w);
         const float want_loss = kernels::loss_term(lp, w, gamma);
         const float want_g = kernels::gradient_term(lp, w, gamma);
         if (scalar_lane || gamma == 0.0f) {

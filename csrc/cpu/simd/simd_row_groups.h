@@ -27,6 +27,8 @@ struct GroupSparseWeights {
   const RowsArgs* args;
   VI labels;          // -1 in lanes of ignored and padding rows: no class matches
   VF label_weights;   // a_y, 0 in those lanes
+  // Each lane is tested for w_c = 0 (rows of few classes spend little on it).
+  bool NeverZero() const { return false; }
   template <bool kFull>
   TMO_SIMD_INLINE VF Get(int64_t offset, int64_t) const {
     const int64_t c = offset / kLanes;
@@ -45,6 +47,8 @@ struct GroupSparseWeights {
 struct GroupDenseWeights {
   const RowsArgs* args;
   const float* targets;
+  // Each lane is tested for w_c = 0 (rows of few classes spend little on it).
+  bool NeverZero() const { return false; }
   template <bool kFull>
   TMO_SIMD_INLINE VF Get(int64_t offset, int64_t) const {
     const int64_t c = offset / kLanes;
@@ -214,9 +218,18 @@ void ComputeRowGroupsTyped(const RowsArgs& args, int64_t begin, int64_t end) {
       weights = GroupSparseWeights{&args, labels, label_weights};
     }
 
+    // A forward writing a focal gradient takes the loss terms and g_c in one pass (G here).
+    const bool focal_with_gradient =
+        forward && !only_labelled && gamma != 0.0f && gradient_rows != nullptr;
+    VF focal_total = Splat(0.0f);
     if (forward) {
       VF loss;
-      if (only_labelled) {
+      if (focal_with_gradient) {
+        const LaneSumPair sums =
+            FocalLossAndFactorTerms<false>(z, weights, sm, e, g, gamma, width);
+        loss = Splat(0.0f) - sums.first.part;
+        focal_total = sums.second.part;
+      } else if (only_labelled) {
         VF term = lp_y;  // gamma = 0: r^0 lp
         if (gamma != 0.0f) {
           for (int64_t i = 0; i < rows; ++i) term[i] = kernels::focal_loss_factor(lp_y[i], gamma);
@@ -263,8 +276,9 @@ void ComputeRowGroupsTyped(const RowsArgs& args, int64_t begin, int64_t end) {
           StoredE{e}, &weights, grad, sm.inv_sum, weights.Sum(num_classes), upstream};
       ForEachBlock(width, op);
     } else {
-      const VF total =
-          FocalFactorTerms<false>(z, weights, sm, e, g, gamma, width).part;
+      const VF total = focal_with_gradient
+                           ? focal_total
+                           : FocalFactorTerms<false>(z, weights, sm, e, g, gamma, width).part;
       FocalGradOp<float> op{e, g, grad, sm.inv_sum, total, upstream};
       ForEachBlock(width, op);
     }

@@ -78,25 +78,59 @@ TMO_SIMD_INLINE void ForEachBlock(int64_t num_classes, Op& op) {
   if (c < num_classes) op.template Block<false>(c, num_classes - c);
 }
 
+// Two of a row's sums taken in the same walk (a focal row's loss and its G): an op's terms as
+// a pair, summed and folded as two single sums would be, so each comes out bit for bit as it
+// would alone.
+struct TermPair {
+  VF first, second;
+};
+struct LaneSumPair {
+  LaneSum first, second;
+};
+struct FoldedPair {
+  VD first, second;
+};
+TMO_SIMD_INLINE void AddTerms(VF& sum, VF term) { sum += term; }
+TMO_SIMD_INLINE void AddTerms(TermPair& sum, const TermPair& term) {
+  sum.first += term.first;
+  sum.second += term.second;
+}
+TMO_SIMD_INLINE void Fold(VD& folded, VF part) { folded += __builtin_convertvector(part, VD); }
+TMO_SIMD_INLINE void Fold(FoldedPair& folded, const TermPair& part) {
+  Fold(folded.first, part.first);
+  Fold(folded.second, part.second);
+}
+TMO_SIMD_INLINE void ZeroTerms(VF& part) { part = Splat(0.0f); }
+TMO_SIMD_INLINE void ZeroTerms(TermPair& part) { part = {Splat(0.0f), Splat(0.0f)}; }
+TMO_SIMD_INLINE LaneSum SumOf(const VF& part, const VD& folded) { return {part, folded}; }
+TMO_SIMD_INLINE LaneSumPair SumOf(const TermPair& part, const FoldedPair& folded) {
+  return {{part.first, folded.first}, {part.second, folded.second}};
+}
+
 // The same walk for ops whose blocks give terms to sum (Op::Term, 0 in a tail's padding
-// lanes): their sum, folded every kFoldVectors vectors (LaneSum above). Rows of few classes,
-// kLanes at a time (simd_row_groups.h), sum at most kMaxGroupClasses terms per lane: kFold =
-// false keeps them in float, which is accurate enough for so few terms and spares those short
-// rows the folding's conversions.
+// lanes; a VF, or a TermPair for two sums): their sum (LaneSum, or LaneSumPair), folded every
+// kFoldVectors vectors (LaneSum above). Rows of few classes, kLanes at a time
+// (simd_row_groups.h), sum at most kMaxGroupClasses terms per lane: kFold = false keeps them in
+// float, which is accurate enough for so few terms and spares those short rows the folding's
+// conversions.
 template <bool kFold = true, typename Op>
-TMO_SIMD_INLINE LaneSum SumOfBlocks(int64_t num_classes, Op& op) {
-  VD folded{};
+TMO_SIMD_INLINE auto SumOfBlocks(int64_t num_classes, Op& op) {
+  using Term = decltype(op.template Term<true>(int64_t{0}, int64_t{kLanes}));
+  std::conditional_t<std::is_same_v<Term, VF>, VD, FoldedPair> folded{};
   int64_t c = 0;
   while (kFold && c + kFoldVectors * kLanes <= num_classes) {
-    VF part = op.template Term<true>(c, kLanes);
+    Term part = op.template Term<true>(c, kLanes);
     c += kLanes;
-    for (int k = 1; k < kFoldVectors; ++k, c += kLanes) part += op.template Term<true>(c, kLanes);
-    folded += __builtin_convertvector(part, VD);
+    for (int k = 1; k < kFoldVectors; ++k, c += kLanes) {
+      AddTerms(part, op.template Term<true>(c, kLanes));
+    }
+    Fold(folded, part);
   }
-  VF part = Splat(0.0f);
-  for (; c + kLanes <= num_classes; c += kLanes) part += op.template Term<true>(c, kLanes);
-  if (c < num_classes) part += op.template Term<false>(c, num_classes - c);
-  return {part, folded};
+  Term part;
+  ZeroTerms(part);
+  for (; c + kLanes <= num_classes; c += kLanes) AddTerms(part, op.template Term<true>(c, kLanes));
+  if (c < num_classes) AddTerms(part, op.template Term<false>(c, num_classes - c));
+  return SumOf(part, folded);
 }
 template <bool kFull, typename T>
 TMO_SIMD_INLINE VF LoadBlock(const T* p, int64_t n, float fill) {
@@ -123,25 +157,35 @@ TMO_SIMD_INLINE VF ZeroTail(VF v, int64_t n) {
   }
 }
 
-// w_c = a_c q_c of a sparse row, for the lanes [c, c + n); lanes past n are 0.
+// w_c = a_c q_c of a sparse row, for the lanes [c, c + n); lanes past n are 0. The options are
+// copied in, not read through RowsArgs: a pass that stores floats (the build has no strict
+// aliasing) would otherwise load them again for every vector.
 struct SparseWeights {
-  const RowsArgs* args;
+  const float* class_weights;  // null: all ones
+  float smoothing_share;
+  float target_share;
+  float sum_class_weights;
   int64_t label;
+  static SparseWeights Of(const RowsArgs& args, int64_t label) {
+    return {args.class_weights, args.smoothing_share, args.target_share, args.sum_class_weights,
+            label};
+  }
   template <bool kFull>
   TMO_SIMD_INLINE VF Get(int64_t c, int64_t n) const {
-    VF q = Splat(args->smoothing_share);
+    VF q = Splat(smoothing_share);
     const int64_t d = label - c;
     if (d >= 0 && d < kLanes) {
-      q = q + KeepIf(Iota() == SplatI(static_cast<int32_t>(d)), Splat(args->target_share));
+      q = q + KeepIf(Iota() == SplatI(static_cast<int32_t>(d)), Splat(target_share));
     }
     q = ZeroTail<kFull>(q, n);
-    return args->class_weights ? LoadBlock<kFull>(args->class_weights + c, n, 0.0f) * q : q;
+    return class_weights ? LoadBlock<kFull>(class_weights + c, n, 0.0f) * q : q;
   }
-  float ClassWeight(int64_t c) const { return args->class_weights ? args->class_weights[c] : 1.0f; }
+  float ClassWeight(int64_t c) const { return class_weights ? class_weights[c] : 1.0f; }
+  // Whether every class's w_c is nonzero: smoothed, without class weights (which may be 0).
+  bool NeverZero() const { return class_weights == nullptr && smoothing_share > 0.0f; }
   // sum_c w_c without a pass over the classes.
   float Sum(int64_t) const {
-    return args->smoothing_share * args->sum_class_weights +
-           args->target_share * ClassWeight(label);
+    return smoothing_share * sum_class_weights + target_share * ClassWeight(label);
   }
 };
 
@@ -156,6 +200,8 @@ struct DenseWeights {
     VF q = ZeroTail<kFull>(Splat(args->target_share) * t + Splat(args->smoothing_share), n);
     return args->class_weights ? LoadBlock<kFull>(args->class_weights + c, n, 0.0f) * q : q;
   }
+  // Targets may be 0 where nothing is smoothed: each lane is tested.
+  bool NeverZero() const { return false; }
   struct SumOp {
     const DenseWeights* weights;
     template <bool kFull>
@@ -373,36 +419,6 @@ TMO_SIMD_INLINE RowSoftmax ReadRowStats(const float* stats, int64_t row) {
 // The lanes whose p > 1/2: recompute them in scalar (see the top of this file).
 TMO_SIMD_INLINE VI NeedsScalar(VF p) { return p > Splat(0.5f); }
 
-// Forward of a general row (smoothing, dense targets or class weights all allowed):
-// loss = - sum_{c: w_c != 0} w_c r_c^gamma lp_c. `e` holds pass 2's e_c when gamma > 0.
-template <bool kFocal, GammaKind kGamma, typename T, typename Weights>
-struct LossOp {
-  const T* z;
-  const float* e;
-  const Weights* weights;
-  float gamma;
-  VF max, log_sum, inv_sum;
-  template <bool kFull>
-  TMO_SIMD_INLINE VF Term(int64_t c, int64_t n) {
-    const VF w = weights->template Get<kFull>(c, n);
-    const VF lp = (LoadBlock<kFull>(z + c, n, 0.0f) - max) - log_sum;
-    VF term;
-    if constexpr (!kFocal) {
-      term = w * lp;
-    } else {
-      const VF p = LoadBlock<kFull>(e + c, n, 0.0f) * inv_sum;
-      term = w * (PowVector<kGamma>(Splat(1.0f) - p, gamma) * lp);
-      const VI fix = NeedsScalar(p);
-      if (Any(fix)) {
-        for (int i = 0; i < kLanes; ++i) {
-          if (fix[i]) term[i] = kernels::loss_term(lp[i], w[i], gamma);
-        }
-      }
-    }
-    return KeepIf(w != Splat(0.0f), term);  // w = 0: 0, not 0 * inf
-  }
-};
-
 // The softmax quantities as vectors: one row's RowSoftmax in every lane, or one row per lane
 // for a group of rows with few classes (simd_row_groups.h), which the passes below serve alike.
 struct SoftmaxLanes {
@@ -410,32 +426,170 @@ struct SoftmaxLanes {
   static SoftmaxLanes Of(const RowSoftmax& sm) {
     return {Splat(sm.max), Splat(sm.log_sum), Splat(sm.inv_sum)};
   }
+  // Whether any p_c = e_c * inv_sum of these rows can exceed 1/2, so that a pass must test its
+  // lanes for the scalar code. Every e_c = exp(z_c - max) is at most 1 (z_c <= max, and Exp
+  // never rounds above 1 below 0), so p_c <= inv_sum: a row whose inv_sum is at most 1/2 (its
+  // largest p is) has no such lane, and its passes skip the test. (A NaN inv_sum makes every
+  // p NaN, which the test lets through anyway.)
+  bool MayNeedScalar() const { return Any(inv_sum > Splat(0.5f)); }
 };
 
-template <bool kFold, bool kFocal, GammaKind kGamma, typename T, typename Weights>
-TMO_SIMD_INLINE LaneSum LossTermsOf(const T* z, const Weights& weights, const SoftmaxLanes& sm,
-                                    const float* e, float gamma, int64_t length) {
-  LossOp<kFocal, kGamma, T, Weights> op{z, e, &weights, gamma, sm.max, sm.log_sum, sm.inv_sum};
+// Forward of a general row with gamma = 0 (smoothing, dense targets or class weights all
+// allowed): the loss terms w_c lp_c, summed by the caller; -loss is their sum.
+template <typename T, typename Weights>
+struct CrossEntropyLossOp {
+  const T* z;
+  const Weights* weights;
+  VF max, log_sum;
+  template <bool kFull>
+  TMO_SIMD_INLINE VF Term(int64_t c, int64_t n) {
+    const VF w = weights->template Get<kFull>(c, n);
+    const VF lp = (LoadBlock<kFull>(z + c, n, 0.0f) - max) - log_sum;
+    return KeepIf(w != Splat(0.0f), w * lp);  // w = 0: 0, not 0 * inf
+  }
+};
+
+// What a focal pass (gamma > 0) computes from each class's lp, p = e_c * inv_sum and r = 1 - p:
+// the loss terms w_c r^gamma lp_c (-loss is their sum), the gradient's
+// g_c = w_c r^gamma (1 - gamma p lp / r) (stored into `g`; G is their sum), or both. A forward
+// that also writes the gradient takes both in one pass over z_c and e_c: the same values as
+// the two passes alone, bit for bit.
+enum class FocalOutputs { kLoss, kFactor, kBoth };
+
+// One class's focal quantities, vector by vector. For gamma = 1 and 2 the factor is
+// r - p lp and r (r - 2 p lp), the same quantity without a division: on these lanes r >= 1/2
+// and p lp <= 0, so nothing cancels. kCheckScalar: some lane may have p > 1/2
+// (SoftmaxLanes::MayNeedScalar), to be recomputed in scalar. kWeightsNonzero: no class of a
+// full vector has w_c = 0 (Weights::NeverZero), so no lane needs the w = 0 rule there.
+template <FocalOutputs kOutputs, GammaKind kGamma, bool kCheckScalar, bool kWeightsNonzero,
+          typename T, typename Weights>
+struct FocalTermsOp {
+  static constexpr bool kLoss = kOutputs != FocalOutputs::kFactor;
+  static constexpr bool kFactor = kOutputs != FocalOutputs::kLoss;
+  const T* z;
+  const float* e;
+  Weights weights;  // a copy: its fields stay in registers across the stores to `g`
+  float* g;
+  float gamma;
+  VF max, log_sum, inv_sum;
+  template <bool kFull>
+  TMO_SIMD_INLINE auto Term(int64_t c, int64_t n) {
+    const VF w = weights.template Get<kFull>(c, n);
+    const VF lp = (LoadBlock<kFull>(z + c, n, 0.0f) - max) - log_sum;
+    const VF p = LoadBlock<kFull>(e + c, n, 0.0f) * inv_sum;
+    const VF r = Splat(1.0f) - p;
+    const VF power = PowVector<kGamma>(r, gamma);
+    VF loss{};
+    VF factor{};
+    if constexpr (kLoss) loss = w * (power * lp);
+    if constexpr (kFactor) {
+      // lim p lp = 0 as p -> 0, also where lp = -inf (a masked class).
+      const VF p_lp = KeepIf(p != Splat(0.0f), p * lp);
+      if constexpr (kGamma == GammaKind::kOne) {
+        factor = r - p_lp;
+      } else if constexpr (kGamma == GammaKind::kTwo) {
+        factor = r * Fma(Splat(-2.0f), p_lp, r);  // 2 p lp is exact: r - 2 p lp rounded once
+      } else {
+        factor = power * (Splat(1.0f) - Splat(gamma) * (p_lp / r));
+      }
+    }
+    if constexpr (kCheckScalar) {
+      const VI fix = NeedsScalar(p);
+      if (Any(fix)) {
+        for (int i = 0; i < kLanes; ++i) {
+          if (!fix[i]) continue;
+          if constexpr (kLoss) loss[i] = kernels::loss_term(lp[i], w[i], gamma);
+          if constexpr (kFactor) factor[i] = kernels::focal_gradient_factor(lp[i], gamma);
+        }
+      }
+    }
+    if constexpr (kFactor) factor = w * factor;
+    if constexpr (!(kFull && kWeightsNonzero)) {
+      const VI weighted = w != Splat(0.0f);  // w = 0: 0, not 0 * inf
+      if constexpr (kLoss) loss = KeepIf(weighted, loss);
+      if constexpr (kFactor) factor = KeepIf(weighted, factor);
+    }
+    if constexpr (kFactor) StoreBlock<kFull>(g + c, factor, n);
+    if constexpr (kOutputs == FocalOutputs::kBoth) {
+      return TermPair{loss, factor};
+    } else if constexpr (kLoss) {
+      return loss;
+    } else {
+      return factor;
+    }
+  }
+};
+
+template <FocalOutputs kOutputs, bool kFold, GammaKind kGamma, bool kCheckScalar,
+          bool kWeightsNonzero, typename T, typename Weights>
+TMO_SIMD_INLINE auto FocalTermsOf(const T* z, const Weights& weights, const SoftmaxLanes& sm,
+                                  const float* e, float* g, float gamma, int64_t length) {
+  FocalTermsOp<kOutputs, kGamma, kCheckScalar, kWeightsNonzero, T, Weights> op{
+      z, e, weights, g, gamma, sm.max, sm.log_sum, sm.inv_sum};
   return SumOfBlocks<kFold>(length, op);
+}
+
+template <FocalOutputs kOutputs, bool kFold, GammaKind kGamma, typename T, typename Weights>
+TMO_SIMD_INLINE auto FocalTermsChecked(const T* z, const Weights& weights,
+                                       const SoftmaxLanes& sm, const float* e, float* g,
+                                       float gamma, int64_t length) {
+  const bool nonzero = weights.NeverZero();
+  if (sm.MayNeedScalar()) {
+    return nonzero ? FocalTermsOf<kOutputs, kFold, kGamma, true, true>(z, weights, sm, e, g,
+                                                                       gamma, length)
+                   : FocalTermsOf<kOutputs, kFold, kGamma, true, false>(z, weights, sm, e, g,
+                                                                        gamma, length);
+  }
+  return nonzero ? FocalTermsOf<kOutputs, kFold, kGamma, false, true>(z, weights, sm, e, g,
+                                                                      gamma, length)
+                 : FocalTermsOf<kOutputs, kFold, kGamma, false, false>(z, weights, sm, e, g,
+                                                                       gamma, length);
+}
+
+// A focal pass over `length` elements (gamma > 0; `e` holds e_c), by the kind of gamma: the
+// loss terms' sum (LaneSum), G's (LaneSum, g_c into `g`), or both (LaneSumPair: loss, G).
+template <FocalOutputs kOutputs, bool kFold = true, typename T, typename Weights>
+auto FocalTerms(const T* z, const Weights& weights, const SoftmaxLanes& sm, const float* e,
+                float* g, float gamma, int64_t length) {
+  switch (KindOf(gamma)) {
+    case GammaKind::kOne:
+      return FocalTermsChecked<kOutputs, kFold, GammaKind::kOne>(z, weights, sm, e, g, gamma,
+                                                                 length);
+    case GammaKind::kTwo:
+      return FocalTermsChecked<kOutputs, kFold, GammaKind::kTwo>(z, weights, sm, e, g, gamma,
+                                                                 length);
+    case GammaKind::kGeneral:
+      break;
+  }
+  return FocalTermsChecked<kOutputs, kFold, GammaKind::kGeneral>(z, weights, sm, e, g, gamma,
+                                                                 length);
 }
 
 // sum_{c: w_c != 0} w_c r_c^gamma lp_c lane by lane, over `length` elements: a row's loss is
 // 0 - the sum of the lanes. `e` holds pass 2's e_c when gamma > 0.
 template <bool kFold = true, typename T, typename Weights>
 LaneSum LossTerms(const T* z, const Weights& weights, const SoftmaxLanes& sm, const float* e,
-             float gamma, int64_t length) {
+                  float gamma, int64_t length) {
   if (gamma == 0.0f) {
-    return LossTermsOf<kFold, false, GammaKind::kOne>(z, weights, sm, e, gamma, length);
+    CrossEntropyLossOp<T, Weights> op{z, &weights, sm.max, sm.log_sum};
+    return SumOfBlocks<kFold>(length, op);
   }
-  switch (KindOf(gamma)) {
-    case GammaKind::kOne:
-      return LossTermsOf<kFold, true, GammaKind::kOne>(z, weights, sm, e, gamma, length);
-    case GammaKind::kTwo:
-      return LossTermsOf<kFold, true, GammaKind::kTwo>(z, weights, sm, e, gamma, length);
-    case GammaKind::kGeneral:
-      break;
-  }
-  return LossTermsOf<kFold, true, GammaKind::kGeneral>(z, weights, sm, e, gamma, length);
+  return FocalTerms<FocalOutputs::kLoss, kFold>(z, weights, sm, e, nullptr, gamma, length);
+}
+
+// g_c into `g` over `length` elements (gamma > 0), and their sums lane by lane: a row's G is
+// the sum of the lanes.
+template <bool kFold = true, typename T, typename Weights>
+LaneSum FocalFactorTerms(const T* z, const Weights& weights, const SoftmaxLanes& sm,
+                         const float* e, float* g, float gamma, int64_t length) {
+  return FocalTerms<FocalOutputs::kFactor, kFold>(z, weights, sm, e, g, gamma, length);
+}
+
+// Both in one pass (gamma > 0): the loss terms' sum and G's, g_c into `g`.
+template <bool kFold = true, typename T, typename Weights>
+LaneSumPair FocalLossAndFactorTerms(const T* z, const Weights& weights, const SoftmaxLanes& sm,
+                                    const float* e, float* g, float gamma, int64_t length) {
+  return FocalTerms<FocalOutputs::kBoth, kFold>(z, weights, sm, e, g, gamma, length);
 }
 
 // grad_c = upstream * (p_c * scale), p_c = e_c / sum: the gradient of a sparse, unsmoothed row
@@ -464,61 +618,6 @@ struct CrossEntropyGradOp {
     StoreBlock<kFull>(grad + c, upstream * (p * total - weights->template Get<kFull>(c, n)), n);
   }
 };
-
-// g_c = w_c r^gamma (1 - gamma p lp / r) into `g`, summed into `total` (gamma > 0).
-template <GammaKind kGamma, typename T, typename Weights>
-struct FocalFactorOp {
-  const T* z;
-  const float* e;
-  const Weights* weights;
-  float* g;
-  float gamma;
-  VF max, log_sum, inv_sum;
-  template <bool kFull>
-  TMO_SIMD_INLINE VF Term(int64_t c, int64_t n) {
-    const VF w = weights->template Get<kFull>(c, n);
-    const VF lp = (LoadBlock<kFull>(z + c, n, 0.0f) - max) - log_sum;
-    const VF p = LoadBlock<kFull>(e + c, n, 0.0f) * inv_sum;
-    const VF r = Splat(1.0f) - p;
-    // lim p lp / r = 0 as p -> 0, also where lp = -inf (a masked class).
-    const VF p_lp_over_r = KeepIf(p != Splat(0.0f), (p * lp) / r);
-    VF factor = PowVector<kGamma>(r, gamma) * (Splat(1.0f) - Splat(gamma) * p_lp_over_r);
-    const VI fix = NeedsScalar(p);
-    if (Any(fix)) {
-      for (int i = 0; i < kLanes; ++i) {
-        if (fix[i]) factor[i] = kernels::focal_gradient_factor(lp[i], gamma);
-      }
-    }
-    const VF gc = KeepIf(w != Splat(0.0f), w * factor);
-    StoreBlock<kFull>(g + c, gc, n);
-    return gc;
-  }
-};
-
-template <bool kFold, GammaKind kGamma, typename T, typename Weights>
-TMO_SIMD_INLINE LaneSum FocalFactorTermsOf(const T* z, const Weights& weights,
-                                           const SoftmaxLanes& sm, const float* e, float* g,
-                                           float gamma, int64_t length) {
-  FocalFactorOp<kGamma, T, Weights> op{z,      e,          &weights,  g,
-                                       gamma,  sm.max,     sm.log_sum, sm.inv_sum};
-  return SumOfBlocks<kFold>(length, op);
-}
-
-// g_c into `g` over `length` elements (gamma > 0), and their sums lane by lane: a row's G is
-// the sum of the lanes.
-template <bool kFold = true, typename T, typename Weights>
-LaneSum FocalFactorTerms(const T* z, const Weights& weights, const SoftmaxLanes& sm, const float* e,
-                    float* g, float gamma, int64_t length) {
-  switch (KindOf(gamma)) {
-    case GammaKind::kOne:
-      return FocalFactorTermsOf<kFold, GammaKind::kOne>(z, weights, sm, e, g, gamma, length);
-    case GammaKind::kTwo:
-      return FocalFactorTermsOf<kFold, GammaKind::kTwo>(z, weights, sm, e, g, gamma, length);
-    case GammaKind::kGeneral:
-      break;
-  }
-  return FocalFactorTermsOf<kFold, GammaKind::kGeneral>(z, weights, sm, e, g, gamma, length);
-}
 
 // grad_c = upstream * (p_c * total - g_c).
 template <typename T>
@@ -571,6 +670,21 @@ struct RowKernel {
                      float* g, float upstream, T* grad) const {
     const float total =
         FocalFactorTerms(z, weights, SoftmaxLanes::Of(sm), e, g, args.gamma, num_classes).Total();
+    FocalGradWithTotal(sm, e, g, total, upstream, grad);
+  }
+
+  // The loss of a general focal row and its gradient, with g_c and the loss terms taken in one
+  // pass: the same loss as Loss() and the same gradient as GradientFocal(), bit for bit.
+  float LossAndGradientFocal(const T* z, const Weights& weights, const RowSoftmax& sm,
+                             const float* e, float* g, float upstream, T* grad) const {
+    const LaneSumPair sums = FocalLossAndFactorTerms(z, weights, SoftmaxLanes::Of(sm), e, g,
+                                                     args.gamma, num_classes);
+    FocalGradWithTotal(sm, e, g, sums.second.Total(), upstream, grad);
+    return 0.0f - sums.first.Total();  // 0 - x: a zero loss is +0
+  }
+
+  void FocalGradWithTotal(const RowSoftmax& sm, const float* e, const float* g, float total,
+                          float upstream, T* grad) const {
     FocalGradOp<T> grads{e, g, grad, Splat(sm.inv_sum), Splat(total), Splat(upstream)};
     ForEachBlock(num_classes, grads);
   }
@@ -712,7 +826,7 @@ void ComputeRowsTyped(const RowsArgs& args, int64_t begin, int64_t end) {
     if constexpr (kDense) {
       weights = DenseWeights<T>{&args, static_cast<const T*>(args.labels) + row * num_classes};
     } else {
-      weights = SparseWeights{&args, label};
+      weights = SparseWeights::Of(args, label);
     }
 
     float w_y = 0.0f;            // w_c of the labelled class
@@ -735,8 +849,15 @@ void ComputeRowsTyped(const RowsArgs& args, int64_t begin, int64_t end) {
                                 ? RowExpSum<true>(z, num_classes, range, e)
                                 : RowExpSum<false>(z, num_classes, range, nullptr);
       float loss = 0.0f;
+      // A focal row's loss terms and g_c come from one pass over z_c and e_c (both need the
+      // same lp_c, p_c and r_c); only the gradient pass after it writes (over the logits, in
+      // place).
+      const bool loss_with_gradient = scaled_gradient && general_focal;
       if (only_labelled) {
         loss = 0.0f - kernels::loss_term(sm.LogP(Load(z[labelled_only])), w_y, args.gamma);
+      } else if (loss_with_gradient) {
+        loss = kernel.LossAndGradientFocal(z, weights, sm, e, g_buffer, args.row_scales[row],
+                                           grad);
       } else {
         loss = kernel.Loss(z, weights, sm, general_focal ? e : nullptr);
       }
@@ -744,7 +865,7 @@ void ComputeRowsTyped(const RowsArgs& args, int64_t begin, int64_t end) {
       if (args.stats_out != nullptr) {
         WriteRowStats(args.stats_out, row, sm.max, sm.log_sum, sm.inv_sum);
       }
-      if (scaled_gradient) {
+      if (scaled_gradient && !loss_with_gradient) {
         // The gradient op's computation without statistics, from this row's e_c, with the
         // row's scale as its upstream.
         kernel.Gradient(z, labelled_only, w_y, weights, sm, StoredE{e}, e, g_buffer,
