@@ -43,6 +43,10 @@ import tensorflow as tf
 from tf_metal_ops.loss_inputs import LossInputs, report_bad_label, sum_dtype
 
 
+# Rows up to this many classes take their sums in one stacked reduction (see _row_log_softmax).
+_SHORT_ROW = 256
+
+
 def _row_log_softmax(z: tf.Tensor, shift_weights: Optional[tf.Tensor] = None,
                      with_shifted_sum: bool = False) -> tuple[tf.Tensor, ...]:
     """(m, log_sum) per row, such that log p = (z - m) - log_sum (kernels/custom_loss_math.h);
@@ -58,8 +62,14 @@ def _row_log_softmax(z: tf.Tensor, shift_weights: Optional[tf.Tensor] = None,
     parts = [tf.where(tie, tf.zeros_like(z), tf.exp(shifted)), tf.cast(tie, z.dtype)]
     if with_shifted_sum:
         parts.append(shifted if shift_weights is None else _not_zero(shift_weights, shifted))
-    # One reduction over the stacked terms: XLA then reads the row once for all the sums.
-    sums = tf.unstack(tf.reduce_sum(tf.stack(parts), axis=-1))
+    if z.shape[-1] is not None and z.shape[-1] <= _SHORT_ROW:
+        # Short rows: one reduction over the stacked terms, which XLA compiles as one loop
+        # reading the row once for all the sums.
+        sums = tf.unstack(tf.reduce_sum(tf.stack(parts), axis=-1))
+    else:
+        # Long rows: XLA splits each reduction into partial sums over windows, and would first
+        # write the stacked terms out whole (3 x N x C); separate reductions do not.
+        sums = [tf.reduce_sum(part, axis=-1) for part in parts]
     others, ties = sums[0], sums[1]
     log_sum = tf.where(ties > 0, tf.math.log1p(others + (ties - 1)), tf.math.log(others))
     # A +inf logit: the softmax is inf / inf, the whole row NaN (as in the native op).
