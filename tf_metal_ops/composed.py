@@ -47,6 +47,10 @@ from tf_metal_ops.loss_inputs import LossInputs, report_bad_label, sum_dtype
 _SHORT_ROW = 256
 
 
+def _short_rows(z: tf.Tensor) -> bool:
+    return z.shape[-1] is not None and z.shape[-1] <= _SHORT_ROW
+
+
 def _row_log_softmax(z: tf.Tensor, shift_weights: Optional[tf.Tensor] = None,
                      with_shifted_sum: bool = False) -> tuple[tf.Tensor, ...]:
     """(m, log_sum) per row, such that log p = (z - m) - log_sum (kernels/custom_loss_math.h);
@@ -62,7 +66,7 @@ def _row_log_softmax(z: tf.Tensor, shift_weights: Optional[tf.Tensor] = None,
     parts = [tf.where(tie, tf.zeros_like(z), tf.exp(shifted)), tf.cast(tie, z.dtype)]
     if with_shifted_sum:
         parts.append(shifted if shift_weights is None else _not_zero(shift_weights, shifted))
-    if z.shape[-1] is not None and z.shape[-1] <= _SHORT_ROW:
+    if _short_rows(z):
         # Short rows: one reduction over the stacked terms, which XLA compiles as one loop
         # reading the row once for all the sums.
         sums = tf.unstack(tf.reduce_sum(tf.stack(parts), axis=-1))
@@ -271,8 +275,11 @@ def custom_loss(
             lp_y = (tf.cast(at_label(logits_in), acc) - m) - log_sum
             loss_factor, _ = _focal_factors(lp_y, gamma)
             loss = -_not_zero(w_y, loss_factor)
-        elif gamma == 0.0:
-            # loss = W log_sum - S: no N x C term per class, only per-row sums.
+        elif gamma == 0.0 and _short_rows(z):
+            # loss = W log_sum - S: no N x C term per class, only per-row sums, all of them
+            # in the log-softmax's one reduction. (A long row's sums are separate reductions,
+            # and there the classes' terms summed in one more reduction cost XLA less than a
+            # fourth sum S.)
             # Sparse labels: the sum over the classes is S_a = sum_c a_c (z_c - m).
             m, log_sum, shifted = _row_log_softmax(z, shift_weights=w if dense else weights,
                                                    with_shifted_sum=True)
@@ -287,6 +294,7 @@ def custom_loss(
                             total[..., 0] * log_sum - shifted)
         else:
             m, log_sum = _row_log_softmax(z)
+            total = total_weight() if gamma == 0.0 else None
             loss_factor, _ = _focal_factors(log_p(logits_in, m, log_sum), gamma)
             loss = -tf.reduce_sum(_not_zero(w, loss_factor), axis=-1)
         loss = finish(loss + 0.0, row_axis_extra=False)  # + 0.0: no -0.0
