@@ -220,6 +220,16 @@ def test_composed_under_xla_matches_the_reference_on_the_check_matrix(dtype):
     assert _counts()[loss_path.COMPOSED_XLA] == before + len(checks.CASES)
 
 
+def test_composed_long_row_sums_match_the_reference_on_the_check_matrix(monkeypatch):
+    # The check matrix's rows are short, so they take the stacked reduction; with no row short
+    # enough, the same cases go through the separate reductions long rows take.
+    from tf_metal_ops import composed
+
+    monkeypatch.setattr(composed, "_SHORT_ROW", 0)
+    for case in checks.CASES:
+        _run_case(case, "float32", jit_compile=True)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_composed_eager_matches_the_reference_on_the_check_matrix(dtype,
                                                                   device_without_our_kernel):

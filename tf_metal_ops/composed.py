@@ -43,19 +43,44 @@ import tensorflow as tf
 from tf_metal_ops.loss_inputs import LossInputs, report_bad_label, sum_dtype
 
 
-def _row_log_softmax(z: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-    """(m, log_sum) per row, such that log p = (z - m) - log_sum (kernels/custom_loss_math.h)."""
+# Rows up to this many classes take their sums in one stacked reduction (see _row_log_softmax).
+_SHORT_ROW = 256
+
+
+def _short_rows(z: tf.Tensor) -> bool:
+    return z.shape[-1] is not None and z.shape[-1] <= _SHORT_ROW
+
+
+def _row_log_softmax(z: tf.Tensor, shift_weights: Optional[tf.Tensor] = None,
+                     with_shifted_sum: bool = False) -> tuple[tf.Tensor, ...]:
+    """(m, log_sum) per row, such that log p = (z - m) - log_sum (kernels/custom_loss_math.h);
+    with `with_shifted_sum` also S = sum_c w_c (z - m) (w_c the `shift_weights`, broadcast
+    against z, or 1; a term of weight 0 is 0, also at z = -inf)."""
     lowest = np.finfo(z.dtype.as_numpy_dtype).min
     # Started at the lowest finite value, so a row of -inf logits never forms -inf - (-inf).
     m = tf.maximum(tf.reduce_max(z, axis=-1), lowest)
+    shifted = z - m[..., None]
     tie = tf.equal(z, m[..., None])
     # Each logit equal to m contributes exactly 1: kept out of the float sum so the other
     # classes' small share keeps its digits. A NaN logit is no tie and makes the sum NaN.
-    others = tf.reduce_sum(tf.where(tie, tf.zeros_like(z), tf.exp(z - m[..., None])), axis=-1)
-    ties = tf.reduce_sum(tf.cast(tie, z.dtype), axis=-1)
+    parts = [tf.where(tie, tf.zeros_like(z), tf.exp(shifted)), tf.cast(tie, z.dtype)]
+    if with_shifted_sum:
+        parts.append(shifted if shift_weights is None else _not_zero(shift_weights, shifted))
+    if _short_rows(z):
+        # Short rows: one reduction over the stacked terms, which XLA compiles as one loop
+        # reading the row once for all the sums.
+        sums = tf.unstack(tf.reduce_sum(tf.stack(parts), axis=-1))
+    else:
+        # Long rows: XLA splits each reduction into partial sums over windows, and would first
+        # write the stacked terms out whole (3 x N x C); separate reductions do not.
+        sums = [tf.reduce_sum(part, axis=-1) for part in parts]
+    others, ties = sums[0], sums[1]
     log_sum = tf.where(ties > 0, tf.math.log1p(others + (ties - 1)), tf.math.log(others))
     # A +inf logit: the softmax is inf / inf, the whole row NaN (as in the native op).
-    return m, tf.where(tf.math.is_inf(m), tf.constant(np.nan, z.dtype), log_sum)
+    log_sum = tf.where(tf.math.is_inf(m), tf.constant(np.nan, z.dtype), log_sum)
+    if not with_shifted_sum:
+        return m, log_sum
+    return m, log_sum, sums[2]
 
 
 def _focal_factors(lp: tf.Tensor, gamma: float) -> tuple[tf.Tensor, tf.Tensor]:
@@ -193,10 +218,12 @@ def custom_loss(
         w = tf.cast(labels, acc)
     else:
         ids, ignored, bad = _class_ids(labels, logits, ignore_class, can_raise)
-        # No class matches a bad id: its row is all zeros until `finish` makes it NaN. Gathers
-        # use a clipped id (TensorFlow's CPU gather refuses one out of range).
-        is_label = tf.equal(tf.range(tf.cast(num_classes, tf.int64)), ids[..., None])
-        safe_ids = tf.clip_by_value(ids, 0, tf.cast(num_classes - 1, tf.int64))
+        # A clipped id (TensorFlow's CPU gather refuses one out of range), in the classes' int32:
+        # the comparison with every class is then half as wide as with int64 ids. A bad or
+        # ignored row's clipped id names some class, but `finish` overwrites that row.
+        safe_ids = tf.cast(tf.clip_by_value(ids, 0, tf.cast(num_classes - 1, tf.int64)),
+                           num_classes.dtype)
+        is_label = tf.equal(tf.range(num_classes), safe_ids[..., None])
         w_y = tf.ones_like(ids, dtype=acc) if weights is None else tf.gather(weights, safe_ids)
         if not labelled_only:
             w = tf.cast(is_label, acc)
@@ -242,12 +269,32 @@ def custom_loss(
 
     @tf.custom_gradient
     def loss_of(logits_in: tf.Tensor):
-        m, log_sum = _row_log_softmax(tf.cast(logits_in, acc))
+        z = tf.cast(logits_in, acc)
         if labelled_only:
+            m, log_sum = _row_log_softmax(z)
             lp_y = (tf.cast(at_label(logits_in), acc) - m) - log_sum
             loss_factor, _ = _focal_factors(lp_y, gamma)
             loss = -_not_zero(w_y, loss_factor)
+        elif gamma == 0.0 and _short_rows(z):
+            # loss = W log_sum - S: no N x C term per class, only per-row sums, all of them
+            # in the log-softmax's one reduction. (A long row's sums are separate reductions,
+            # and there the classes' terms summed in one more reduction cost XLA less than a
+            # fourth sum S.)
+            # Sparse labels: the sum over the classes is S_a = sum_c a_c (z_c - m).
+            m, log_sum, shifted = _row_log_softmax(z, shift_weights=w if dense else weights,
+                                                   with_shifted_sum=True)
+            total = total_weight()
+            if not dense:
+                # S = (1 - eps) a_y (z_y - m) + (eps / C) S_a; the label's term is 0 where
+                # it carries no weight (also at a masked label).
+                label_term = _not_zero((1.0 - eps) * w_y,
+                                       tf.cast(at_label(logits_in), acc) - m)
+                shifted = label_term + eps / tf.cast(num_classes, acc) * shifted
+            loss = tf.where(total[..., 0] == 0, tf.zeros_like(log_sum),
+                            total[..., 0] * log_sum - shifted)
         else:
+            m, log_sum = _row_log_softmax(z)
+            total = total_weight() if gamma == 0.0 else None
             loss_factor, _ = _focal_factors(log_p(logits_in, m, log_sum), gamma)
             loss = -tf.reduce_sum(_not_zero(w, loss_factor), axis=-1)
         loss = finish(loss + 0.0, row_axis_extra=False)  # + 0.0: no -0.0
@@ -264,7 +311,7 @@ def custom_loss(
                 grad = tf.where(is_label, (g_y * tf.math.expm1(lp_y))[..., None],
                                 g_y[..., None] * tf.exp(lp))
             elif gamma == 0.0:
-                grad = tf.exp(lp) * total_weight() - w  # g_c = w_c
+                grad = tf.exp(lp) * total - w  # g_c = w_c
             else:
                 _, grad_factor = _focal_factors(lp, gamma)
                 g = _not_zero(w, grad_factor)
