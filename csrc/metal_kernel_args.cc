@@ -9,6 +9,7 @@
 
 #include "csrc/cpu/float_types.h"
 #include "csrc/metal_kernel.h"
+#include "csrc/pending_errors.h"
 #include "csrc/problem.h"
 
 namespace tf_metal_ops {
@@ -279,6 +280,9 @@ InlineBytes InlineBytesOf(const Binding& binding, const std::vector<ShapeParams>
 
 Error PrepareMetalKernelLaunch(const MetalKernelAttrs& a, TF_OpKernelContext* ctx,
                                MetalKernelLaunch* launch) {
+  // A GPU error found after an earlier op returned fails the next op of ours, this one too, as
+  // the loss ops do (pending_errors.h).
+  if (Error e = TakePendingError(); !e.ok()) return e;
   const int num_inputs = TF_NumInputs(ctx) - 2;
   if (static_cast<int>(a.shape_params.size()) != num_inputs) {
     return Error::InvalidArgument(std::string(kMetalKernelOpName) +

@@ -30,8 +30,9 @@ Error& Pending() {
 int64_t dropped = 0;  // errors refused since the pending one was recorded; under PendingMutex()
 
 constexpr char kDeferredNote[] =
-    " (found by the GPU after the op had returned, so reported at the next CustomLoss op or "
-    "tf_metal_ops.debug.check_errors(); commit-and-wait mode raises it at the op itself)";
+    " (found by the GPU after the op had returned, so reported at the next op of tf_metal_ops "
+    "(a CustomLoss or metal_kernel op) or tf_metal_ops.debug.check_errors(); commit-and-wait "
+    "mode raises it at the op itself)";
 
 // Records `error` (not OK) unless an error is already pending; returns true if it was kept.
 bool RecordPendingError(const Error& error) {
@@ -99,6 +100,12 @@ bool ReportCompletedErrorRecord(const CustomLossProblem& problem, const void* by
   if (error.ok()) return false;
   RecordPendingError(error);
   return true;
+}
+
+bool RecordDeferredGpuError(Error error) {
+  if (error.ok()) return false;
+  error.message += kDeferredNote;
+  return RecordPendingError(error);
 }
 
 bool HasPendingError() { return has_pending.load(std::memory_order_acquire); }

@@ -38,6 +38,11 @@ namespace tf_metal_ops {
 // described by `problem`, and records the error it holds, if any. Returns true when it held one.
 bool ReportCompletedErrorRecord(const CustomLossProblem& problem, const void* bytes, size_t size);
 
+// Records `error` (when not OK) with a note saying that the GPU found it after the op had
+// returned: what a completion handler calls for a command buffer that failed. Returns true when
+// it was kept (no error was pending).
+bool RecordDeferredGpuError(Error error);
+
 // True when an error is pending: one atomic load, cheap enough for every op execution.
 bool HasPendingError();
 

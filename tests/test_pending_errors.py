@@ -462,3 +462,26 @@ def test_emulated_kernel_record_left_in_an_uncommitted_buffer_is_raised_by_check
     assert cpu_detail, str(cpu_info.value)
     assert (f"TfMetalOps>CustomLoss (node 'emulated/uncommitted'): {cpu_detail.group(0)}"
             in str(info.value)), (str(info.value), cpu_detail)
+
+
+def test_a_metal_kernel_op_raises_it_too():
+    # A user's kernel shares the check (csrc/metal_kernel_args.cc): an error the GPU found after
+    # an earlier op returned fails the next metal_kernel call, once, on the CPU path as well.
+    kernel = tf_metal_ops.metal_kernel(
+        "pending_copy", ["x"], ["y"],
+        "uint i = thread_position_in_grid.x; y[i] = x[i];")
+    x = tf.range(4, dtype=tf.float32)
+
+    def call():
+        return kernel(inputs=[x], output_shapes=[[4]], output_dtypes=[tf.float32],
+                      grid=(4, 1, 1), threadgroup=(4, 1, 1))[0].numpy()
+
+    np.testing.assert_array_equal(call(), x.numpy())  # compiled before the error is recorded
+    report(make_record(2, 9), node="model/loss/CustomLoss")
+    with pytest.raises(tf.errors.InvalidArgumentError) as info:
+        call()
+    message = str(info.value)
+    assert "labels[2] = 9 is not a class id in [0, 5)" in message, message
+    assert "metal_kernel" in message, message  # the note names the ops that raise it
+    assert not debug.has_pending_error()
+    np.testing.assert_array_equal(call(), x.numpy())

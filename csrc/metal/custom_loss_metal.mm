@@ -134,60 +134,6 @@ id<MTLBuffer> BufferForRole(gpu::BufferRole role, const TensorBuffers& tensors,
   return nil;
 }
 
-// The streams commit-mode launches with an error record were encoded on, for check_errors():
-// the plugin hands its stream out only inside an op (TF_GetStream), and the command buffer a
-// launch sits in may not be committed until the plugin's next batch. tensorflow-metal has one
-// stream per device, so this holds one entry per GPU; the references keep the streams alive for
-// the process, as the plugin's devices are anyway. Never destroyed: handlers and check_errors()
-// may run during exit.
-std::mutex& StreamsMutex() {
-  static auto* mutex = new std::mutex();
-  return *mutex;
-}
-std::vector<id<TF_MetalStream>>& Streams() {
-  static auto* streams = new std::vector<id<TF_MetalStream>>();
-  return *streams;
-}
-
-// Runs on the stream's queue (inside the encoding block): takes no queue, only the mutex.
-void RememberStream(id<TF_MetalStream> stream) {
-  std::lock_guard<std::mutex> lock(StreamsMutex());
-  for (id<TF_MetalStream> known : Streams()) {
-    if (known == stream) return;
-  }
-  Streams().push_back(stream);
-}
-
-// check_errors()'s flush (pending_errors.h): on each remembered stream's queue, commits the
-// current command buffer and waits for it ([stream commitAndWait], the protocol's only way to
-// commit a buffer the plugin owns), so every launch encoded before is committed, and the last of
-// them completed. Command buffers the plugin committed earlier complete on their own; the wait
-// for their handlers is pending_errors.cc's. Called from Python's thread, never from the queue:
-// the dispatch_sync cannot nest.
-Error FlushStreams() {
-  std::vector<id<TF_MetalStream>> streams;
-  {
-    std::lock_guard<std::mutex> lock(StreamsMutex());
-    streams = Streams();
-  }
-  for (id<TF_MetalStream> stream : streams) {
-    dispatch_queue_t queue = [stream queue];
-    if (queue == nil) {
-      return Error::Internal(
-          "tf_metal_ops.debug.check_errors: a GPU stream has no dispatch queue, so its command "
-          "buffer cannot be committed");
-    }
-    dispatch_sync(queue, ^{
-      @autoreleasepool {
-        if ([stream currentCommandBuffer] != nil) [stream commitAndWait];
-      }
-    });
-  }
-  return Error::Ok();
-}
-
-[[maybe_unused]] const bool streams_flush_registered =
-    (SetCommandBufferFlush(&FlushStreams), true);
 
 // Runs on the stream's serial queue (inside dispatch_sync): must not dispatch_sync onto it again.
 // Every step that can fail comes before the compute encoder is created, so no failure leaves an
@@ -326,12 +272,12 @@ void EncodeOnQueue(id<TF_MetalStream> stream, const CustomLossProblem& problem,
       // Metal releases it after running it. A command buffer that failed reports through the
       // plugin; its record may be incomplete, so it is not reported, but its slot is freed.
       // The launch is outstanding (pending_errors.h) until the handler has run: check_errors()
-      // commits this stream's command buffer (FlushStreams) and waits for that.
+      // commits this stream's command buffer (metal_stream.h) and waits for that.
       id<MTLBuffer> buffer = outcome->error_record;
       ErrorRecordSlots* slots = outcome->slots;  // the device's, never destroyed
       const int slot = outcome->slot;
       const CustomLossProblem report_for = problem;  // the block keeps its own copy
-      RememberStream(stream);
+      metal::RememberStream(stream);
       const uint64_t ticket = BeginOutstandingLaunch();
       [command_buffer addCompletedHandler:^(id<MTLCommandBuffer> done) {
         const auto* records = static_cast<const CustomLossErrorRecord*>([buffer contents]);

@@ -19,7 +19,6 @@
 #include <vector>
 
 #include "csrc/metal/metal_kernel_metal.h"
-#include "csrc/metal/metal_messages.h"
 #include "csrc/metal/metal_stream.h"
 #include "csrc/metal/user_kernel_library.h"
 #include "csrc/metal_kernel.h"
@@ -172,17 +171,16 @@ void EncodeOnQueue(id<TF_MetalStream> stream, const MetalKernelAttrs& a,
   [encoder endEncoding];
 
   if (!wait) {
+    // The kernel runs after the op has returned: a fault or a GPU timeout in it (a user's kernel
+    // can loop forever) fails the next op of ours or check_errors(), rather than passing unseen.
+    // Added before the commit, which may commit this very command buffer.
+    metal::ReportFailureLater(stream, command_buffer, context);
     [stream commit];
     return;
   }
   [stream commitAndWait];
-  const MTLCommandBufferStatus status = [command_buffer status];
-  if (status != MTLCommandBufferStatusCompleted) {
-    outcome->error = Error::InvalidArgument(
-        context + ": the kernel failed on the GPU (command buffer " +
-        metal::StatusName(status) + "): " + metal::Describe([command_buffer error]));
-    return;
-  }
+  outcome->error = metal::KernelFailure(command_buffer, context);
+  if (!outcome->error.ok()) return;
   outcome->gpu_seconds = [command_buffer GPUEndTime] - [command_buffer GPUStartTime];
 }
 

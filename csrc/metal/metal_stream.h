@@ -19,6 +19,8 @@
 #import <Metal/Metal.h>
 #include <dispatch/dispatch.h>
 
+#include <string>
+
 #include "csrc/tf_c.h"
 
 @protocol TF_MetalStream
@@ -46,6 +48,22 @@ id<TF_MetalStream> GetMetalStream(TF_OpKernelContext* ctx, const std::string& op
 // nil with `*error` set (naming `context`) when the stream has none.
 id<MTLCommandBuffer> CommandBufferForEncoding(id<TF_MetalStream> stream, bool wait,
                                               const std::string& context, Error* error);
+
+// Remembers a stream that a commit-mode launch was encoded on, for check_errors()'s flush: the
+// plugin hands its stream out only inside an op (TF_GetStream), and the command buffer a launch
+// sits in may not be committed until the plugin's next batch. Call on the stream's queue.
+void RememberStream(id<TF_MetalStream> stream);
+
+// Commit mode: has `command_buffer` (the stream's current one, before [stream commit]) report
+// its failure, if it fails, as a pending error (csrc/pending_errors.h) naming `context`: a kernel
+// that faulted or ran past the GPU's time limit then fails the next op of ours or check_errors(),
+// which waits for this handler. Call on the stream's queue, before the commit.
+void ReportFailureLater(id<TF_MetalStream> stream, id<MTLCommandBuffer> command_buffer,
+                        const std::string& context);
+
+// OK when `command_buffer` (committed, and completed or failed) completed; else an error naming
+// `context`, the buffer's status and Metal's description of what failed.
+Error KernelFailure(id<MTLCommandBuffer> command_buffer, const std::string& context);
 
 }  // namespace metal
 }  // namespace tf_metal_ops

@@ -1,10 +1,62 @@
 // See metal_stream.h.
 #import "csrc/metal/metal_stream.h"
 
+#include <mutex>
+#include <vector>
+
 #include "csrc/metal/custom_loss_metal.h"
+#include "csrc/metal/metal_messages.h"
+#include "csrc/pending_errors.h"
 
 namespace tf_metal_ops {
 namespace metal {
+namespace {
+
+// The streams commit-mode launches were encoded on (RememberStream). tensorflow-metal has one
+// stream per device, so this holds one entry per GPU; the references keep the streams alive for
+// the process, as the plugin's devices are anyway. Never destroyed: handlers and check_errors()
+// may run during exit.
+std::mutex& StreamsMutex() {
+  static auto* mutex = new std::mutex();
+  return *mutex;
+}
+std::vector<id<TF_MetalStream>>& Streams() {
+  static auto* streams = new std::vector<id<TF_MetalStream>>();
+  return *streams;
+}
+
+// check_errors()'s flush (pending_errors.h): on each remembered stream's queue, commits the
+// current command buffer and waits for it ([stream commitAndWait], the protocol's only way to
+// commit a buffer the plugin owns), so every launch encoded before is committed, and the last of
+// them completed. Command buffers the plugin committed earlier complete on their own; the wait
+// for their handlers is pending_errors.cc's. Called from Python's thread, never from the queue:
+// the dispatch_sync cannot nest.
+Error FlushStreams() {
+  std::vector<id<TF_MetalStream>> streams;
+  {
+    std::lock_guard<std::mutex> lock(StreamsMutex());
+    streams = Streams();
+  }
+  for (id<TF_MetalStream> stream : streams) {
+    dispatch_queue_t queue = [stream queue];
+    if (queue == nil) {
+      return Error::Internal(
+          "tf_metal_ops.debug.check_errors: a GPU stream has no dispatch queue, so its command "
+          "buffer cannot be committed");
+    }
+    dispatch_sync(queue, ^{
+      @autoreleasepool {
+        if ([stream currentCommandBuffer] != nil) [stream commitAndWait];
+      }
+    });
+  }
+  return Error::Ok();
+}
+
+[[maybe_unused]] const bool streams_flush_registered =
+    (SetCommandBufferFlush(&FlushStreams), true);
+
+}  // namespace
 
 id<TF_MetalStream> GetMetalStream(TF_OpKernelContext* ctx, const std::string& op_description,
                                   Error* error) {
@@ -56,6 +108,33 @@ id<MTLCommandBuffer> CommandBufferForEncoding(id<TF_MetalStream> stream, bool wa
     *error = Error::Internal(context + ": the GPU stream has no command buffer");
   }
   return command_buffer;
+}
+
+// Takes no queue, only the mutex.
+void RememberStream(id<TF_MetalStream> stream) {
+  std::lock_guard<std::mutex> lock(StreamsMutex());
+  for (id<TF_MetalStream> known : Streams()) {
+    if (known == stream) return;
+  }
+  Streams().push_back(stream);
+}
+
+void ReportFailureLater(id<TF_MetalStream> stream, id<MTLCommandBuffer> command_buffer,
+                        const std::string& context) {
+  RememberStream(stream);
+  const uint64_t ticket = BeginOutstandingLaunch();
+  const std::string report_for = context;  // the block keeps its own copy
+  [command_buffer addCompletedHandler:^(id<MTLCommandBuffer> done) {
+    RecordDeferredGpuError(KernelFailure(done, report_for));
+    FinishOutstandingLaunch(ticket);
+  }];
+}
+
+Error KernelFailure(id<MTLCommandBuffer> command_buffer, const std::string& context) {
+  const MTLCommandBufferStatus status = [command_buffer status];
+  if (status == MTLCommandBufferStatusCompleted) return Error::Ok();
+  return Error::InvalidArgument(context + ": the kernel failed on the GPU (command buffer " +
+                                StatusName(status) + "): " + Describe([command_buffer error]));
 }
 
 }  // namespace metal
