@@ -39,3 +39,20 @@ def _load_reference_by_path() -> types.ModuleType:
 def ref() -> types.ModuleType:
     """The NumPy reference module (tf_metal_ops/reference.py), loaded standalone."""
     return _load_reference_by_path()
+
+
+@pytest.fixture(scope="module")
+def kernel_cache(request, tmp_path_factory):
+    """metal_kernel's disk cache for a test module: the pytest cache's directory, shared by the
+    modules that compile kernels so each compiles once, then the setting before it."""
+    from tf_metal_ops import kernels
+
+    cache = getattr(request.config, "cache", None)
+    directory = (Path(cache.mkdir("tfmo_kernel_cache")) if cache is not None
+                 else tmp_path_factory.mktemp("tfmo_kernel_cache"))
+    mp = pytest.MonkeyPatch()
+    mp.setenv("TF_METAL_OPS_CACHE_DIR", str(directory))
+    kernels.configure_toolchain()
+    yield directory
+    mp.undo()
+    kernels.configure_toolchain()

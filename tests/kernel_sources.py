@@ -1,6 +1,14 @@
 """Kernel bodies that more than one test runs: tests/test_metal_kernel.py on the CPU path and
 tests/msl_cuda/user_kernels.py on an NVIDIA GPU."""
 
+# MLX's elementwise exp (its docs page "Custom Metal Kernels"), the kernel docs/kernels.md opens
+# with, templated on T.
+EXP_SOURCE = """
+    uint elem = thread_position_in_grid.x;
+    T tmp = inp[elem];
+    out[elem] = metal::exp(tmp);
+"""
+
 # Every thread attribute of a 3-D dispatchThreads grid, written where the thread can be checked:
 # per thread its threadgroup, the threadgroup's size, its linear index (0 when the attributes
 # agree) and the threadgroup count.

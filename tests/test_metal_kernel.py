@@ -20,7 +20,7 @@ import tensorflow as tf
 import tf_metal_ops
 from tf_metal_ops import _native, kernels
 from child_python import run_python
-from kernel_sources import POSITIONS_SOURCE
+from kernel_sources import EXP_SOURCE, POSITIONS_SOURCE
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "msl_host"))
 import msl_build as mb  # noqa: E402
@@ -28,25 +28,12 @@ import msl_build as mb  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs" / "kernels.md"
 
-EXP_SOURCE = """
-    uint elem = thread_position_in_grid.x;
-    T tmp = inp[elem];
-    out[elem] = metal::exp(tmp);
-"""
 
 
 @pytest.fixture(scope="module", autouse=True)
-def kernel_cache(request, tmp_path_factory):
-    """Points the native runtime at a test cache directory for this module, then back."""
-    cache = getattr(request.config, "cache", None)
-    directory = (Path(cache.mkdir("tfmo_kernel_cache")) if cache is not None
-                 else tmp_path_factory.mktemp("tfmo_kernel_cache"))
-    mp = pytest.MonkeyPatch()
-    mp.setenv("TF_METAL_OPS_CACHE_DIR", str(directory))
-    kernels.configure_toolchain()
-    yield directory
-    mp.undo()
-    kernels.configure_toolchain()
+def _kernel_cache(kernel_cache):
+    """Every test of this module compiles into the shared test cache (conftest.py)."""
+    yield kernel_cache
 
 
 def doc_examples():

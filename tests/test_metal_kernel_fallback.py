@@ -14,26 +14,14 @@ import tensorflow as tf
 
 import tf_metal_ops
 from tf_metal_ops import _native, kernels, loss_path
+from kernel_sources import EXP_SOURCE
 
-EXP_SOURCE = """
-    uint elem = thread_position_in_grid.x;
-    T tmp = inp[elem];
-    out[elem] = metal::exp(tmp);
-"""
 
 
 @pytest.fixture(scope="module", autouse=True)
-def kernel_cache(request, tmp_path_factory):
-    """The same cache directory as tests/test_metal_kernel.py's, so the kernels compile once."""
-    cache = getattr(request.config, "cache", None)
-    directory = (cache.mkdir("tfmo_kernel_cache") if cache is not None
-                 else tmp_path_factory.mktemp("tfmo_kernel_cache"))
-    mp = pytest.MonkeyPatch()
-    mp.setenv("TF_METAL_OPS_CACHE_DIR", str(directory))
-    kernels.configure_toolchain()
-    yield directory
-    mp.undo()
-    kernels.configure_toolchain()
+def _kernel_cache(kernel_cache):
+    """Every test of this module compiles into the shared test cache (conftest.py)."""
+    yield kernel_cache
 
 
 class CountingExp:
