@@ -16,10 +16,15 @@ from kernel_sources import (ATOMICS_SOURCE, INTEGER_FUNCTIONS, INTEGER_FUNCTIONS
                             MATH_FUNCTIONS, MATH_SOURCE, SIMD_BITWISE_SOURCE, SIMD_REDUCTIONS,
                             SIMD_REDUCTIONS_SOURCE, SIMD_SHUFFLES, SIMD_SHUFFLES_SOURCE,
                             THREADGROUP_REVERSE_SOURCE, VECTOR_SOURCE)
-from test_metal_kernel import kernel_cache  # noqa: F401  (the module's compile cache)
 
 RNG = np.random.default_rng(20261205)
 F32 = dict(rtol=1e-5, atol=1e-6)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _kernel_cache(kernel_cache):
+    """Every test of this module compiles into the shared test cache (conftest.py)."""
+    yield kernel_cache
 
 
 def run(kernel, inputs, shapes, dtypes, grid, threadgroup, **kw):
