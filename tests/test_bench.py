@@ -54,6 +54,11 @@ def test_bench_quick_json_schema(quick_report):
             assert size["ratios"][name] == pytest.approx(expected)
         assert size["floor_bytes"] == 12 * size["rows"] * size["classes"]
         assert size["floor_gb_per_s"] > 0
+        # Counted for every case where the machine has a counter, for none where it has not.
+        counted = env["instruction_counter"].startswith("perf_event_open")
+        assert set(size["instructions_per_element"]) == (set(case_names) if counted else set())
+        for value in size["instructions_per_element"].values():
+            assert value > 0
 
 
 def test_bench_quick_memory_report(quick_report):
@@ -216,3 +221,33 @@ def test_bench_metal_kernel_row_can_be_left_out():
     assert bench._metal_kernel_plan(parse(["--linear-head-only"])) is None
     assert bench._metal_kernel_plan(parse(["--quick"])) == (4096, 3)
     assert bench._metal_kernel_plan(parse(["--repeats", "7"])) == (2 ** 20, 7)
+
+
+def test_instruction_counter_counts_work_or_says_why_not():
+    from tf_metal_ops.tools.bench import instructions
+
+    counter, why = instructions.open_counter()
+    if counter is None:
+        # No counter here (this project's VMs have no PMU): the reason names what failed.
+        assert why and ("perf_event_open" in why or "has no perf_event_open" in why), why
+        return
+    assert why == ""
+    data = np.arange(1 << 20, dtype=np.float64)
+    once = counter.count(lambda: float(np.sum(np.sqrt(data))))
+    twice = counter.count(lambda: [float(np.sum(np.sqrt(data))) for _ in range(2)])
+    assert once > 1 << 20  # at least one instruction per element
+    assert 1.5 < twice / once < 2.5
+
+
+def test_bench_table_prints_instructions_per_element_when_counted(quick_report):
+    report = json.loads(json.dumps(quick_report))
+    for size in report["sizes"]:
+        size["instructions_per_element"] = {name: 12.5 for name in size["median_ms"]}
+    report["environment"]["instruction_counter"] = "perf_event_open (test)"
+    table = bench.format_table(report)
+    assert "instruction counts: perf_event_open (test)" in table
+    assert "instructions per element" in table and "12.5" in table
+    for size in report["sizes"]:
+        size["instructions_per_element"] = {}
+    assert "instructions per element" not in bench.format_table(report)
+

@@ -45,6 +45,10 @@ Usage:
 floor moves the dtype's bytes, 3 x its size per element); the memory sections stay float32.
 A case TensorFlow cannot run in that dtype is reported as unavailable, with the reason.
 
+Where the CPU's instruction counter can be read (Linux with a PMU:
+tf_metal_ops/tools/bench/instructions.py), each case also runs once counted and the table gains
+its instructions per element, which load does not move; elsewhere the report says why not.
+
 `--linear-head` adds the section of tf_metal_ops/tools/bench/linear_head.py (linear_cross_entropy
 against Dense(V) + CustomLoss and Dense(V) + Keras's sparse cross-entropy: memory, time and
 error against float64, N = 8192, d = 512, V in {32000, 128256}; tiny sizes with `--quick`);
@@ -68,6 +72,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from tf_metal_ops.tools.arguments import non_negative_int, positive_int
+from tf_metal_ops.tools.bench import instructions as bench_instructions
 from tf_metal_ops.tools.bench import linear_head as bench_linear_head
 from tf_metal_ops.tools.bench import metal_kernel as bench_metal_kernel
 from tf_metal_ops.tools.bench.process import reset_peak_rss, run_child, status_kib
@@ -332,9 +337,11 @@ class _Progress:
 
 def time_size(rows: int, cols: int, repeats: int, progress: _Progress,
               cases: Sequence[str] = tuple(name for name, _ in CASES),
-              dtype: str = "float32") -> Dict[str, Any]:
+              dtype: str = "float32",
+              counter: Optional[bench_instructions.InstructionCounter] = None) -> Dict[str, Any]:
     """Times every case at one size, interleaved; returns medians (ms) and ratios. A case that
-    fails in its warm-up (TensorFlow has no kernel for the dtype) is left out, its error kept."""
+    fails in its warm-up (TensorFlow has no kernel for the dtype) is left out, its error kept.
+    With a `counter`, each case runs once more, counted: its instructions per element."""
     logits_np, logits, labels = _make_inputs(rows, cols, dtype=dtype)
     itemsize = logits.dtype.size
     fns = _loss_fns(labels, cols, [c for c in cases if c not in ("floor", "tf_floor")], dtype)
@@ -376,6 +383,8 @@ def time_size(rows: int, cols: int, repeats: int, progress: _Progress,
             times[name].append(time.perf_counter() - start)
             progress.step(f"{rows}x{cols} {name}")
     medians = {name: 1e3 * statistics.median(values) for name, values in times.items()}
+    instructions = ({name: counter.count(runners[name]) / (rows * cols) for name in names}
+                    if counter is not None else {})
     ratios = {}
     for ratio, numerator, denominator in RATIOS:
         if numerator in medians and denominator in medians and medians[denominator] > 0:
@@ -389,6 +398,7 @@ def time_size(rows: int, cols: int, repeats: int, progress: _Progress,
         "median_ms": medians,
         "min_ms": {name: 1e3 * min(values) for name, values in times.items()},
         "ratios": ratios,
+        "instructions_per_element": instructions,
         "floor_bytes": floor_bytes,
         "floor_gb_per_s": (floor_bytes / (medians["floor"] * 1e-3) / 1e9
                            if medians.get("floor") else None),
@@ -569,6 +579,15 @@ def _format_sizes(sizes) -> List[str]:
             for size in sizes))
     lines.append("  (anchor / ours: how many times faster ours is; ours / floor: 1.00 would be "
                  "the memory floor)")
+    if any(size.get("instructions_per_element") for size in sizes):
+        lines.append("")
+        lines.append(f"{'instructions per element':<34}" +
+                     "".join(f"{label:>14}" for label in labels))
+        for name, _ in CASES:
+            lines.append(f"{name:<34}" + "".join(
+                f"{size['instructions_per_element'][name]:14.1f}"
+                if name in size.get("instructions_per_element", {}) else f"{'-':>14}"
+                for size in sizes))
     for size in sizes:
         for name, error in size.get("errors", {}).items():
             lines.append(f"  {size['rows']}x{size['classes']} {name} unavailable: {error}")
@@ -588,6 +607,8 @@ def format_table(report: Dict[str, Any]) -> str:
         lines.append(f"  memory: TensorFlow's CPU allocator {env.get('tf_cpu_allocator')}, "
                      f"TF_ENABLE_ONEDNN_OPTS={env.get('tf_enable_onednn_opts')}")
     sizes = report["sizes"]
+    if sizes and "instruction_counter" in env:
+        lines.append(f"  instruction counts: {env['instruction_counter']}")
     if sizes:
         lines.extend(_format_sizes(sizes))
     memory = report.get("memory")
@@ -685,9 +706,13 @@ def _run_plan(args: argparse.Namespace, plan, do_memory: bool, memory_size: Tupl
         "linear_head": None,
         "metal_kernel": None,
     }
+    counter, no_counter = bench_instructions.open_counter() if plan else (None, "")
+    report["environment"]["instruction_counter"] = (
+        "perf_event_open (user-space instructions of every thread)" if counter is not None
+        else f"none: {no_counter}")
     for rows, cols, repeats in plan:
         result = time_size(rows, cols, repeats, progress,
-                           dtype=getattr(args, "dtype", "float32"))
+                           dtype=getattr(args, "dtype", "float32"), counter=counter)
         report["sizes"].append(result)
         progress.note(f"{rows}x{cols}: " + ", ".join(
             f"{name} {ms:.2f} ms" for name, ms in result["median_ms"].items()))
