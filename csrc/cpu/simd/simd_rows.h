@@ -87,24 +87,52 @@ struct TermPair {
 struct LaneSumPair {
   LaneSum first, second;
 };
-struct FoldedPair {
-  VD first, second;
-};
 TMO_SIMD_INLINE void AddTerms(VF& sum, VF term) { sum += term; }
 TMO_SIMD_INLINE void AddTerms(TermPair& sum, const TermPair& term) {
   sum.first += term.first;
   sum.second += term.second;
 }
-TMO_SIMD_INLINE void Fold(VD& folded, VF part) { folded += __builtin_convertvector(part, VD); }
+
+// The folded lanes while a walk runs, as two vectors of half the lanes each: GCC moves a whole
+// VD (two registers' worth on AVX2) through general registers in 8-byte pieces when it is spilled
+// around a loop that needs every vector register (a focal pass); halves of one register each are
+// spilled and reloaded whole. The same additions lane by lane, so the same sums bit for bit.
+typedef double VDHalf __attribute__((vector_size(kLanes * 4)));
+struct FoldedHalves {
+  VDHalf low, high;
+  TMO_SIMD_INLINE void Add(VF part) {
+#if TF_METAL_OPS_SIMD_LANES == 8
+    low += __builtin_convertvector(__builtin_shufflevector(part, part, 0, 1, 2, 3), VDHalf);
+    high += __builtin_convertvector(__builtin_shufflevector(part, part, 4, 5, 6, 7), VDHalf);
+#elif TF_METAL_OPS_SIMD_LANES == 4
+    low += __builtin_convertvector(__builtin_shufflevector(part, part, 0, 1), VDHalf);
+    high += __builtin_convertvector(__builtin_shufflevector(part, part, 2, 3), VDHalf);
+#else
+#error "FoldedHalves takes 4 or 8 lanes"
+#endif
+  }
+  TMO_SIMD_INLINE VD Whole() const {
+    VD whole;
+    std::memcpy(&whole, &low, sizeof(low));
+    std::memcpy(reinterpret_cast<char*>(&whole) + sizeof(low), &high, sizeof(high));
+    return whole;
+  }
+};
+struct FoldedPair {
+  FoldedHalves first, second;
+};
+TMO_SIMD_INLINE void Fold(FoldedHalves& folded, VF part) { folded.Add(part); }
 TMO_SIMD_INLINE void Fold(FoldedPair& folded, const TermPair& part) {
-  Fold(folded.first, part.first);
-  Fold(folded.second, part.second);
+  folded.first.Add(part.first);
+  folded.second.Add(part.second);
 }
 TMO_SIMD_INLINE void ZeroTerms(VF& part) { part = Splat(0.0f); }
 TMO_SIMD_INLINE void ZeroTerms(TermPair& part) { part = {Splat(0.0f), Splat(0.0f)}; }
-TMO_SIMD_INLINE LaneSum SumOf(const VF& part, const VD& folded) { return {part, folded}; }
+TMO_SIMD_INLINE LaneSum SumOf(const VF& part, const FoldedHalves& folded) {
+  return {part, folded.Whole()};
+}
 TMO_SIMD_INLINE LaneSumPair SumOf(const TermPair& part, const FoldedPair& folded) {
-  return {{part.first, folded.first}, {part.second, folded.second}};
+  return {{part.first, folded.first.Whole()}, {part.second, folded.second.Whole()}};
 }
 
 // The same walk for ops whose blocks give terms to sum (Op::Term, 0 in a tail's padding
@@ -116,7 +144,7 @@ TMO_SIMD_INLINE LaneSumPair SumOf(const TermPair& part, const FoldedPair& folded
 template <bool kFold = true, typename Op>
 TMO_SIMD_INLINE auto SumOfBlocks(int64_t num_classes, Op& op) {
   using Term = decltype(op.template Term<true>(int64_t{0}, int64_t{kLanes}));
-  std::conditional_t<std::is_same_v<Term, VF>, VD, FoldedPair> folded{};
+  std::conditional_t<std::is_same_v<Term, VF>, FoldedHalves, FoldedPair> folded{};
   int64_t c = 0;
   while (kFold && c + kFoldVectors * kLanes <= num_classes) {
     Term part = op.template Term<true>(c, kLanes);
