@@ -87,24 +87,55 @@ struct TermPair {
 struct LaneSumPair {
   LaneSum first, second;
 };
-struct FoldedPair {
-  VD first, second;
-};
 TMO_SIMD_INLINE void AddTerms(VF& sum, VF term) { sum += term; }
 TMO_SIMD_INLINE void AddTerms(TermPair& sum, const TermPair& term) {
   sum.first += term.first;
   sum.second += term.second;
 }
-TMO_SIMD_INLINE void Fold(VD& folded, VF part) { folded += __builtin_convertvector(part, VD); }
+
+// The folded lanes while a walk runs, as two vectors of half the lanes each: GCC moves a whole
+// VD (two registers' worth on AVX2) through general registers in 8-byte pieces when it is spilled
+// around a loop that needs every vector register (a focal pass); halves of one register each are
+// spilled and reloaded whole. The same additions lane by lane, so the same sums bit for bit.
+typedef double VDHalf __attribute__((vector_size(kLanes * 4)));
+struct FoldedHalves {
+  VDHalf low, high;
+  TMO_SIMD_INLINE void Add(VF part) {
+#if TF_METAL_OPS_SIMD_LANES == 8
+    low += __builtin_convertvector(__builtin_shufflevector(part, part, 0, 1, 2, 3), VDHalf);
+    high += __builtin_convertvector(__builtin_shufflevector(part, part, 4, 5, 6, 7), VDHalf);
+#elif TF_METAL_OPS_SIMD_LANES == 4
+    low += __builtin_convertvector(__builtin_shufflevector(part, part, 0, 1), VDHalf);
+    high += __builtin_convertvector(__builtin_shufflevector(part, part, 2, 3), VDHalf);
+#else
+#error "FoldedHalves takes 4 or 8 lanes"
+#endif
+  }
+  // Into a LaneSum's whole vector (written in place: a VD return value would take an ABI that
+  // depends on the instruction set, which GCC warns of).
+  TMO_SIMD_INLINE void CopyTo(VD* whole) const {
+    std::memcpy(whole, &low, sizeof(low));
+    std::memcpy(reinterpret_cast<char*>(whole) + sizeof(low), &high, sizeof(high));
+  }
+};
+struct FoldedPair {
+  FoldedHalves first, second;
+};
+TMO_SIMD_INLINE void Fold(FoldedHalves& folded, VF part) { folded.Add(part); }
 TMO_SIMD_INLINE void Fold(FoldedPair& folded, const TermPair& part) {
-  Fold(folded.first, part.first);
-  Fold(folded.second, part.second);
+  folded.first.Add(part.first);
+  folded.second.Add(part.second);
 }
 TMO_SIMD_INLINE void ZeroTerms(VF& part) { part = Splat(0.0f); }
 TMO_SIMD_INLINE void ZeroTerms(TermPair& part) { part = {Splat(0.0f), Splat(0.0f)}; }
-TMO_SIMD_INLINE LaneSum SumOf(const VF& part, const VD& folded) { return {part, folded}; }
+TMO_SIMD_INLINE LaneSum SumOf(const VF& part, const FoldedHalves& folded) {
+  LaneSum sum;
+  sum.part = part;
+  folded.CopyTo(&sum.folded);
+  return sum;
+}
 TMO_SIMD_INLINE LaneSumPair SumOf(const TermPair& part, const FoldedPair& folded) {
-  return {{part.first, folded.first}, {part.second, folded.second}};
+  return {SumOf(part.first, folded.first), SumOf(part.second, folded.second)};
 }
 
 // The same walk for ops whose blocks give terms to sum (Op::Term, 0 in a tail's padding
@@ -116,7 +147,7 @@ TMO_SIMD_INLINE LaneSumPair SumOf(const TermPair& part, const FoldedPair& folded
 template <bool kFold = true, typename Op>
 TMO_SIMD_INLINE auto SumOfBlocks(int64_t num_classes, Op& op) {
   using Term = decltype(op.template Term<true>(int64_t{0}, int64_t{kLanes}));
-  std::conditional_t<std::is_same_v<Term, VF>, VD, FoldedPair> folded{};
+  std::conditional_t<std::is_same_v<Term, VF>, FoldedHalves, FoldedPair> folded{};
   int64_t c = 0;
   while (kFold && c + kFoldVectors * kLanes <= num_classes) {
     Term part = op.template Term<true>(c, kLanes);
@@ -461,8 +492,11 @@ enum class FocalOutputs { kLoss, kFactor, kBoth };
 // and p lp <= 0, so nothing cancels. kCheckScalar: some lane may have p > 1/2
 // (SoftmaxLanes::MayNeedScalar), to be recomputed in scalar. kWeightsNonzero: no class of a
 // full vector has w_c = 0 (Weights::NeverZero), so no lane needs the w = 0 rule there.
+// kFiniteLp: every lp_c of the row is finite (its logits span less than Exp's plain range,
+// RowRange::plain_exp), so where p = 0, p lp is a zero already and needs no test: its sign
+// cannot matter, since the factor only subtracts it from r or 1 (r - (-0) = r - 0 = r).
 template <FocalOutputs kOutputs, GammaKind kGamma, bool kCheckScalar, bool kWeightsNonzero,
-          typename T, typename Weights>
+          bool kFiniteLp, typename T, typename Weights>
 struct FocalTermsOp {
   static constexpr bool kLoss = kOutputs != FocalOutputs::kFactor;
   static constexpr bool kFactor = kOutputs != FocalOutputs::kLoss;
@@ -484,7 +518,7 @@ struct FocalTermsOp {
     if constexpr (kLoss) loss = w * (power * lp);
     if constexpr (kFactor) {
       // lim p lp = 0 as p -> 0, also where lp = -inf (a masked class).
-      const VF p_lp = KeepIf(p != Splat(0.0f), p * lp);
+      const VF p_lp = kFiniteLp ? p * lp : KeepIf(p != Splat(0.0f), p * lp);
       if constexpr (kGamma == GammaKind::kOne) {
         factor = r - p_lp;
       } else if constexpr (kGamma == GammaKind::kTwo) {
@@ -521,48 +555,66 @@ struct FocalTermsOp {
 };
 
 template <FocalOutputs kOutputs, bool kFold, GammaKind kGamma, bool kCheckScalar,
-          bool kWeightsNonzero, typename T, typename Weights>
+          bool kWeightsNonzero, bool kFiniteLp, typename T, typename Weights>
 TMO_SIMD_INLINE auto FocalTermsOf(const T* z, const Weights& weights, const SoftmaxLanes& sm,
                                   const float* e, float* g, float gamma, int64_t length) {
-  FocalTermsOp<kOutputs, kGamma, kCheckScalar, kWeightsNonzero, T, Weights> op{
+  FocalTermsOp<kOutputs, kGamma, kCheckScalar, kWeightsNonzero, kFiniteLp, T, Weights> op{
       z, e, weights, g, gamma, sm.max, sm.log_sum, sm.inv_sum};
   return SumOfBlocks<kFold>(length, op);
+}
+
+// kFiniteLp is taken only where a pass computes both outputs (a forward writing the gradient,
+// which alone knows the row's range): elsewhere it would only multiply the variants compiled.
+template <FocalOutputs kOutputs, bool kFold, GammaKind kGamma, bool kCheckScalar,
+          bool kWeightsNonzero, typename T, typename Weights>
+TMO_SIMD_INLINE auto FocalTermsOfRange(const T* z, const Weights& weights,
+                                       const SoftmaxLanes& sm, const float* e, float* g,
+                                       float gamma, int64_t length, bool finite_lp) {
+  if constexpr (kOutputs == FocalOutputs::kBoth) {
+    if (finite_lp) {
+      return FocalTermsOf<kOutputs, kFold, kGamma, kCheckScalar, kWeightsNonzero, true>(
+          z, weights, sm, e, g, gamma, length);
+    }
+  }
+  return FocalTermsOf<kOutputs, kFold, kGamma, kCheckScalar, kWeightsNonzero, false>(
+      z, weights, sm, e, g, gamma, length);
 }
 
 template <FocalOutputs kOutputs, bool kFold, GammaKind kGamma, typename T, typename Weights>
 TMO_SIMD_INLINE auto FocalTermsChecked(const T* z, const Weights& weights,
                                        const SoftmaxLanes& sm, const float* e, float* g,
-                                       float gamma, int64_t length) {
+                                       float gamma, int64_t length, bool finite_lp) {
   const bool nonzero = weights.NeverZero();
   if (sm.MayNeedScalar()) {
-    return nonzero ? FocalTermsOf<kOutputs, kFold, kGamma, true, true>(z, weights, sm, e, g,
-                                                                       gamma, length)
-                   : FocalTermsOf<kOutputs, kFold, kGamma, true, false>(z, weights, sm, e, g,
-                                                                        gamma, length);
+    return nonzero ? FocalTermsOfRange<kOutputs, kFold, kGamma, true, true>(
+                         z, weights, sm, e, g, gamma, length, finite_lp)
+                   : FocalTermsOfRange<kOutputs, kFold, kGamma, true, false>(
+                         z, weights, sm, e, g, gamma, length, finite_lp);
   }
-  return nonzero ? FocalTermsOf<kOutputs, kFold, kGamma, false, true>(z, weights, sm, e, g,
-                                                                      gamma, length)
-                 : FocalTermsOf<kOutputs, kFold, kGamma, false, false>(z, weights, sm, e, g,
-                                                                       gamma, length);
+  return nonzero ? FocalTermsOfRange<kOutputs, kFold, kGamma, false, true>(
+                       z, weights, sm, e, g, gamma, length, finite_lp)
+                 : FocalTermsOfRange<kOutputs, kFold, kGamma, false, false>(
+                       z, weights, sm, e, g, gamma, length, finite_lp);
 }
 
 // A focal pass over `length` elements (gamma > 0; `e` holds e_c), by the kind of gamma: the
 // loss terms' sum (LaneSum), G's (LaneSum, g_c into `g`), or both (LaneSumPair: loss, G).
+// `finite_lp`: the row's logits span less than Exp's plain range (FocalTermsOp's kFiniteLp).
 template <FocalOutputs kOutputs, bool kFold = true, typename T, typename Weights>
 auto FocalTerms(const T* z, const Weights& weights, const SoftmaxLanes& sm, const float* e,
-                float* g, float gamma, int64_t length) {
+                float* g, float gamma, int64_t length, bool finite_lp = false) {
   switch (KindOf(gamma)) {
     case GammaKind::kOne:
       return FocalTermsChecked<kOutputs, kFold, GammaKind::kOne>(z, weights, sm, e, g, gamma,
-                                                                 length);
+                                                                 length, finite_lp);
     case GammaKind::kTwo:
       return FocalTermsChecked<kOutputs, kFold, GammaKind::kTwo>(z, weights, sm, e, g, gamma,
-                                                                 length);
+                                                                 length, finite_lp);
     case GammaKind::kGeneral:
       break;
   }
   return FocalTermsChecked<kOutputs, kFold, GammaKind::kGeneral>(z, weights, sm, e, g, gamma,
-                                                                 length);
+                                                                 length, finite_lp);
 }
 
 // sum_{c: w_c != 0} w_c r_c^gamma lp_c lane by lane, over `length` elements: a row's loss is
@@ -588,8 +640,9 @@ LaneSum FocalFactorTerms(const T* z, const Weights& weights, const SoftmaxLanes&
 // Both in one pass (gamma > 0): the loss terms' sum and G's, g_c into `g`.
 template <bool kFold = true, typename T, typename Weights>
 LaneSumPair FocalLossAndFactorTerms(const T* z, const Weights& weights, const SoftmaxLanes& sm,
-                                    const float* e, float* g, float gamma, int64_t length) {
-  return FocalTerms<FocalOutputs::kBoth, kFold>(z, weights, sm, e, g, gamma, length);
+                                    const float* e, float* g, float gamma, int64_t length,
+                                    bool finite_lp = false) {
+  return FocalTerms<FocalOutputs::kBoth, kFold>(z, weights, sm, e, g, gamma, length, finite_lp);
 }
 
 // grad_c = upstream * (p_c * scale), p_c = e_c / sum: the gradient of a sparse, unsmoothed row
@@ -675,10 +728,12 @@ struct RowKernel {
 
   // The loss of a general focal row and its gradient, with g_c and the loss terms taken in one
   // pass: the same loss as Loss() and the same gradient as GradientFocal(), bit for bit.
+  // `range` is the row's from pass 1.
   float LossAndGradientFocal(const T* z, const Weights& weights, const RowSoftmax& sm,
-                             const float* e, float* g, float upstream, T* grad) const {
+                             const RowRange& range, const float* e, float* g, float upstream,
+                             T* grad) const {
     const LaneSumPair sums = FocalLossAndFactorTerms(z, weights, SoftmaxLanes::Of(sm), e, g,
-                                                     args.gamma, num_classes);
+                                                     args.gamma, num_classes, range.plain_exp);
     FocalGradWithTotal(sm, e, g, sums.second.Total(), upstream, grad);
     return 0.0f - sums.first.Total();  // 0 - x: a zero loss is +0
   }
@@ -856,8 +911,8 @@ void ComputeRowsTyped(const RowsArgs& args, int64_t begin, int64_t end) {
       if (only_labelled) {
         loss = 0.0f - kernels::loss_term(sm.LogP(Load(z[labelled_only])), w_y, args.gamma);
       } else if (loss_with_gradient) {
-        loss = kernel.LossAndGradientFocal(z, weights, sm, e, g_buffer, args.row_scales[row],
-                                           grad);
+        loss = kernel.LossAndGradientFocal(z, weights, sm, range, e, g_buffer,
+                                           args.row_scales[row], grad);
       } else {
         loss = kernel.Loss(z, weights, sm, general_focal ? e : nullptr);
       }
