@@ -17,7 +17,7 @@ inline constexpr const char* kMetalKernelOpName = "TfMetalOps>MetalKernel";
 //   shape_params     per input: which of its shape (1), strides (2), ndim (4) the kernel takes
 //   init_value, has_init_value   what the outputs hold before the kernel runs (else undefined)
 //   lockstep         false when the source names no barrier or SIMD-group function: the CPU
-//                    then runs each GPU thread as a plain call instead of a fiber
+//                    then runs each threadgroup as a loop over its threads instead of fibers
 // Inputs: `inputs` (Tin), `output_shapes` (int64, sum(output_ranks) values), then `grid`
 // (int64 [3]: threads per grid, as dispatchThreads counts them; an input, not an attribute, so
 // that it can follow a batch size known only at run time).

@@ -251,3 +251,17 @@ def test_bench_table_prints_instructions_per_element_when_counted(quick_report):
         size["instructions_per_element"] = {}
     assert "instructions per element" not in bench.format_table(report)
 
+
+def test_bench_metal_kernel_only_runs_that_row_alone(monkeypatch, capsys):
+    """`--metal-kernel-only`: no loss sizes and no memory sections, only the metal_kernel row
+    (its measure stood in for: the row itself is checked above)."""
+    from tf_metal_ops.tools.bench import metal_kernel as mk
+
+    calls = []
+    monkeypatch.setattr(mk, "measure", lambda *a: calls.append(a[:2]) or None)
+    report = bench.run(bench.build_parser().parse_args(["--metal-kernel-only", "--quick"]))
+    assert calls == [(mk.QUICK_ELEMENTS, mk.QUICK_REPEATS)]
+    assert report["sizes"] == [] and report["memory"] is None and report["linear_head"] is None
+    for conflict in (["--no-metal-kernel"], ["--linear-head-only"], ["--linear-head"]):
+        assert bench.main(["--metal-kernel-only", *conflict]) == 2
+    assert "not allowed with" in capsys.readouterr().err

@@ -381,6 +381,43 @@ def test_large_barrier_free_grid_runs_as_plain_calls():
     np.testing.assert_allclose(y.numpy(), tf.exp(x).numpy(), rtol=1e-6)
 
 
+# Every per-thread attribute the threadgroup loop steps, written per thread (6 ints).
+ATTRIBUTES_SOURCE = """
+    uint3 p = thread_position_in_grid;
+    uint i = (p.z * threads_per_grid.y + p.y) * threads_per_grid.x + p.x;
+    uint3 t = thread_position_in_threadgroup;
+    out[i * 6 + 0] = int(t.x + 10 * t.y + 100 * t.z);
+    out[i * 6 + 1] = int(thread_index_in_threadgroup);
+    out[i * 6 + 2] = int(thread_index_in_simdgroup);
+    out[i * 6 + 3] = int(simdgroup_index_in_threadgroup);
+    out[i * 6 + 4] = int(threadgroup_position_in_grid.x + 10 * threadgroup_position_in_grid.y);
+    out[i * 6 + 5] = int(p.x + 100 * p.y + 10000 * p.z);
+"""
+
+
+@pytest.mark.parametrize("grid,threadgroup", [((77, 1, 1), (32, 1, 1)),
+                                              ((45, 7, 3), (8, 4, 2)),
+                                              ((100, 3, 1), (70, 1, 1))])
+def test_threadgroup_loop_matches_the_fibers_across_partial_threadgroups(grid, threadgroup):
+    """A barrier-free kernel runs each threadgroup as a loop in its own object; the same body
+    with a barrier no thread reaches runs on the fibers. Every attribute agrees, edge
+    threadgroups (cut by the grid) and SIMD-groups that straddle a row included."""
+    plain = tf_metal_ops.metal_kernel("attributes_loop", [], ["out"], ATTRIBUTES_SOURCE)
+    fibers = tf_metal_ops.metal_kernel(
+        "attributes_fibers", [], ["out"],
+        ATTRIBUTES_SOURCE + "if (threads_per_grid.x == 0) threadgroup_barrier("
+        "mem_flags::mem_none);")
+    assert not plain.lockstep and fibers.lockstep
+    count = grid[0] * grid[1] * grid[2]
+    outs = [k(inputs=[], output_shapes=[[count * 6]], output_dtypes=[tf.int32], grid=grid,
+              threadgroup=threadgroup, init_value=-1)[0].numpy() for k in (plain, fibers)]
+    assert (outs[1] >= 0).all()  # every thread wrote
+    np.testing.assert_array_equal(outs[0], outs[1])
+    x, y, z = np.meshgrid(*(np.arange(n) for n in grid), indexing="ij")
+    np.testing.assert_array_equal(outs[0].reshape(-1, 6)[:, 5],
+                                  (x + 100 * y + 10000 * z).transpose(2, 1, 0).ravel())
+
+
 def test_barrier_hidden_from_the_lockstep_check_fails_the_op():
     """A barrier the source does not name (here built by a macro) cannot run as plain calls:
     the op fails with a message instead of running threads that do not wait."""

@@ -230,7 +230,8 @@ class MetalKernel:
         self.shape_params = [sum(bit for suffix, bit in SHAPE_PARAMS if _used(n + suffix, source))
                              for n in self.input_names]
         self.attributes = [(a, t) for a, t in THREAD_ATTRIBUTES if _used(a, source)]
-        # Whether the threads wait for each other; if not, the CPU runs them as plain calls.
+        # Whether the threads wait for each other; if not, the CPU runs each threadgroup as a
+        # loop over its threads.
         self.lockstep = re.search(LOCKSTEP_CALLS, header + "\n" + source) is not None
         generated = {n + suffix for n in self.input_names for suffix, _ in SHAPE_PARAMS}
         seen = set()

@@ -101,8 +101,9 @@ std::map<std::string, KernelEntry>& registry() {
 }
 }  // namespace
 
-bool register_kernel(const char* name, KernelInvoker invoke, size_t num_pointer_params) {
-  registry()[name] = KernelEntry{name, invoke, num_pointer_params};
+bool register_kernel(const char* name, KernelInvoker invoke, size_t num_pointer_params,
+                     GroupRunner run_group) {
+  registry()[name] = KernelEntry{name, invoke, num_pointer_params, run_group};
   return true;
 }
 
@@ -600,41 +601,23 @@ std::string run_dispatch(const std::string& kernel_name, const Dispatch& d) {
   t_simd_width = d.simd_width;
 
   if (d.executor == ExecutorKind::kDirect) {
+    if (kernel->run_group == nullptr || d.threadgroup_memory_length > 0) {
+      return "kernel '" + kernel_name + "' cannot run without lockstep: only a generated kernel "
+             "(tf_metal_ops.metal_kernel) without a threadgroup argument has a threadgroup loop";
+    }
     DirectExecutor direct;
     Executor* saved = t_executor;
     t_executor = &direct;
     std::string error;
-    // The threads' ids are stepped along x, y, z rather than divided out of the linear index
-    // (make_ids): with a small body, the divisions would cost more than the kernel.
-    const uint32_t width_shift = static_cast<uint32_t>(__builtin_ctz(d.simd_width));
-    for (uint64_t linear = d.first_group; linear < total && error.empty(); ++linear) {
-      const Group g = group_at(d, groups, linear);
-      std::vector<float> memory = fresh_threadgroup_memory(d.threadgroup_memory_length);
-      t_group = linear;
-      ThreadIds ids = make_ids(d, groups, g, 0);
-      try {
-        uint32_t tid = 0;
-        for (uint32_t z = 0; z < g.threads[2]; ++z) {
-          for (uint32_t y = 0; y < g.threads[1]; ++y) {
-            for (uint32_t x = 0; x < g.threads[0]; ++x, ++tid) {
-              const uint32_t local[3] = {x, y, z};
-              for (int a = 0; a < 3; ++a) {
-                ids.thread_position[a] = local[a];
-                ids.grid_position[a] = g.position[a] * d.threads_per_threadgroup[a] + local[a];
-              }
-              ids.tid = tid;
-              ids.lane = tid & (d.simd_width - 1);
-              ids.sg_index = tid >> width_shift;
-              t_tid = tid;
-              kernel->invoke(d.buffers.data(), d.buffers.size(), memory.data(), ids);
-            }
-          }
-        }
-      } catch (const LockstepNeeded& needed) {
-        error = std::string(needed.what) +
-                " called by a kernel run without lockstep (its source names no barrier or "
-                "SIMD-group function; a macro may hide one)";
+    try {
+      for (uint64_t linear = d.first_group; linear < total; ++linear) {
+        t_group = linear;
+        kernel->run_group(d.buffers.data(), make_ids(d, groups, group_at(d, groups, linear), 0));
       }
+    } catch (const LockstepNeeded& needed) {
+      error = std::string(needed.what) +
+              " called by a kernel run without lockstep (its source names no barrier or "
+              "SIMD-group function; a macro may hide one)";
     }
     t_executor = saved;
     return error;

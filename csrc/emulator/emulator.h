@@ -26,9 +26,10 @@
 
 namespace msl_host {
 
-// kDirect: each thread's body is a plain call, one after another, for kernels that never wait
-// for each other (no barrier, no SIMD-group function: tf_metal_ops/kernels.py decides from the
-// source). A barrier or SIMD-group call under it fails the dispatch.
+// kDirect: for kernels that never wait for each other (no barrier, no SIMD-group function:
+// tf_metal_ops/kernels.py decides from the source), each threadgroup's threads run one after
+// another in a loop compiled into the kernel's own object (KernelEntry::run_group, which only
+// generated kernels have). A barrier or SIMD-group call under it fails the dispatch.
 enum class ExecutorKind { kFibers = 0, kThreads = 1, kDirect = 2 };
 
 struct Dispatch {

@@ -16,7 +16,8 @@ int tfmo_kernel_entry_version() { return 2; }
 
 // Runs the threadgroups [first_group, end_group) (linear, x fastest) of kernel `name`
 // (registered by the generated source's host block) over a dispatchThreads grid; `lockstep` 0
-// runs each thread as a plain call (no barrier or SIMD-group function allowed), else on fibers.
+// runs each threadgroup as a loop over its threads in the kernel's own object (no barrier or
+// SIMD-group function allowed), else on fibers.
 // Returns 0, or 1 with the reason in `error` (NUL-terminated, cut to error_size).
 int tfmo_kernel_run(const char* name, const uint32_t* threads_per_grid,
                     const uint32_t* threads_per_threadgroup, uint32_t simd_width, int lockstep,

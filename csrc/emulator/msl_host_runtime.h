@@ -40,14 +40,22 @@ struct ThreadIds {
 using KernelInvoker = void (*)(void* const* buffers, size_t num_buffers, void* threadgroup_memory,
                                const ThreadIds& ids);
 
+// Runs every thread of one threadgroup as a loop in the kernel's own object, for kernels that
+// never wait for each other. `first` is the ids of the threadgroup's thread 0. No threadgroup
+// argument: a generated kernel declares its threadgroup arrays in its body.
+using GroupRunner = void (*)(void* const* buffers, const ThreadIds& first);
+
 struct KernelEntry {
   std::string name;               // the [[host_name]]
   KernelInvoker invoke;
   size_t num_pointer_params;      // buffers + threadgroup arguments, leading the signature
+  GroupRunner run_group;          // generated kernels (tf_metal_ops.metal_kernel); else null
 };
 
-// Called from static initializers of the kernel translation unit (TFMO_INSTANTIATE_KERNEL).
-bool register_kernel(const char* name, KernelInvoker invoke, size_t num_pointer_params);
+// Called from static initializers of the kernel translation unit (TFMO_INSTANTIATE_KERNEL, and a
+// generated kernel's host block, which also passes its GroupRunner).
+bool register_kernel(const char* name, KernelInvoker invoke, size_t num_pointer_params,
+                     GroupRunner run_group = nullptr);
 const KernelEntry* find_kernel(const std::string& name);
 
 // The synchronization and SIMD-group primitives, implemented by the executor running the

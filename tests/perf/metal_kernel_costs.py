@@ -8,8 +8,8 @@ Uses a fresh cache directory, so it measures, in this order: the first call of a
 emulator's objects and the kernel compiled by the compiler tf_metal_ops/_toolchain.py picks:
 $TF_METAL_OPS_CLANG=ziglang for the wheel's), the first call of a second kernel (its compile
 alone), and a new process loading the first from the disk cache. Then MLX's elementwise exp over
-2^20 float32 values (a barrier-free kernel: one plain call per GPU thread, threadgroups over the
-thread pool) against tf.exp, the two interleaved, and prints the medians and their ratio.
+2^20 float32 values (a barrier-free kernel: each threadgroup a loop over its threads,
+threadgroups over the thread pool) against tf.exp, the two interleaved, and prints the medians and their ratio.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 TensorFlow's own op for the same work.
 
 MLX's elementwise `exp` kernel (docs/kernels.md's first example) over ELEMENTS float32 values,
-through `tf_metal_ops.metal_kernel` (the MSL emulator's plain calls over our thread pool),
+through `tf_metal_ops.metal_kernel` (the MSL emulator's threadgroup loops over our thread pool),
 against `tf.exp`; both eager, each run ending with the result copied to NumPy, interleaved, the
 medians and their ratio reported. The target: the kernel within TARGET times tf.exp's time.
 """

@@ -39,7 +39,8 @@ Usage:
                                  [--dtype float32|float16|bfloat16]
                                  [--repeats R] [--threads T] [--memory | --no-memory]
                                  [--memory-size 65536x1000]
-                                 [--linear-head | --linear-head-only] [--no-metal-kernel]
+                                 [--linear-head | --linear-head-only | --metal-kernel-only]
+                                 [--no-metal-kernel]
 
 `--dtype` sets the logits' dtype of every timed case (labels, targets and the floor follow: the
 floor moves the dtype's bytes, 3 x its size per element); the memory sections stay float32.
@@ -56,7 +57,8 @@ error against float64, N = 8192, d = 512, V in {32000, 128256}; tiny sizes with 
 
 The metal_kernel row (tf_metal_ops/tools/bench/metal_kernel.py, on unless `--no-metal-kernel` or
 `--linear-head-only`): MLX's exp kernel through `tf_metal_ops.metal_kernel` on the CPU path
-against tf.exp over 2^20 float32 values (2^12 with `--quick`), the ratio of the medians.
+against tf.exp over 2^20 float32 values (2^12 with `--quick`), the ratio of the medians;
+`--metal-kernel-only` runs that row alone.
 """
 
 from __future__ import annotations
@@ -179,6 +181,8 @@ def build_parser(prog: str = "tf-metal-ops bench", add_help: bool = True) -> arg
                              help="also run the linear_cross_entropy section")
     linear_head.add_argument("--linear-head-only", action="store_true",
                              help="run only the linear_cross_entropy section")
+    linear_head.add_argument("--metal-kernel-only", action="store_true",
+                             help="run only the metal_kernel row")
     parser.add_argument("--no-metal-kernel", dest="metal_kernel", action="store_false",
                         help="leave out the metal_kernel row (exp kernel against tf.exp)")
     return parser
@@ -655,9 +659,10 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     if args.threads is not None:
         tf_metal_ops.set_cpu_threads(args.threads)
     only_linear_head = getattr(args, "linear_head_only", False)
-    sizes = [] if only_linear_head else (args.sizes or list(QUICK_SIZES if args.quick
+    only_one = only_linear_head or getattr(args, "metal_kernel_only", False)
+    sizes = [] if only_one else (args.sizes or list(QUICK_SIZES if args.quick
                                                             else DEFAULT_SIZES))
-    do_memory = (not args.quick and not only_linear_head) if args.memory is None else args.memory
+    do_memory = (not args.quick and not only_one) if args.memory is None else args.memory
     memory_size = args.memory_size or (QUICK_MEMORY_SIZE if args.quick else DEFAULT_MEMORY_SIZE)
     plan = [(rows, cols, args.repeats or _repeats_for(rows, cols, args.quick))
             for rows, cols in sizes]
@@ -753,6 +758,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
+        if args.metal_kernel_only and not args.metal_kernel:
+            parser.error("argument --metal-kernel-only: not allowed with --no-metal-kernel")
     except SystemExit as exit_:
         return int(exit_.code or 0)
     return run_and_print(args)
