@@ -76,8 +76,13 @@ def _row_log_softmax(z: tf.Tensor, shift_weights: Optional[tf.Tensor] = None,
         sums = tf.unstack(tf.reduce_sum(tf.stack(parts), axis=-1))
     else:
         # Long rows: XLA splits each reduction into partial sums over windows, and would first
-        # write the stacked terms out whole (3 x N x C); separate reductions do not.
-        sums = [tf.reduce_sum(part, axis=-1) for part in parts]
+        # write the stacked terms out whole (3 x N x C); separate reductions do not. The share
+        # and the tie count are the two parts of one complex sum (each part summed alone, as
+        # two float sums): XLA reads the row once for both, where the tie count alone would be
+        # written out as an N x C float tensor and summed in windows.
+        pair = tf.reduce_sum(tf.complex(parts[0], parts[1]), axis=-1)
+        sums = [tf.math.real(pair), tf.math.imag(pair)]
+        sums += [tf.reduce_sum(part, axis=-1) for part in parts[2:]]
     others, ties = sums[0], sums[1]
     # No tie (ties = 0) only in a row of -inf logits, where others = 0 and log1p(-1) = -inf =
     # log(0), or in a row with a NaN, where others is NaN: one log1p serves every row. Under
