@@ -52,18 +52,22 @@ def _short_rows(z: tf.Tensor) -> bool:
 
 
 def _row_log_softmax(z: tf.Tensor, shift_weights: Optional[tf.Tensor] = None,
-                     with_shifted_sum: bool = False) -> tuple[tf.Tensor, ...]:
+                     with_shifted_sum: bool = False,
+                     nan_rows: Optional[tf.Tensor] = None) -> tuple[tf.Tensor, ...]:
     """(m, log_sum) per row, such that log p = (z - m) - log_sum (kernels/custom_loss_math.h);
     with `with_shifted_sum` also S = sum_c w_c (z - m) (w_c the `shift_weights`, broadcast
-    against z, or 1; a term of weight 0 is 0, also at z = -inf)."""
+    against z, or 1; a term of weight 0 is 0, also at z = -inf). log_sum is NaN where
+    `nan_rows` (a mask of the rows, or a scalar) is True, so every log p of such a row is NaN."""
     lowest = np.finfo(z.dtype.as_numpy_dtype).min
     # Started at the lowest finite value, so a row of -inf logits never forms -inf - (-inf).
     m = tf.maximum(tf.reduce_max(z, axis=-1), lowest)
     shifted = z - m[..., None]
     tie = tf.equal(z, m[..., None])
     # Each logit equal to m contributes exactly 1: kept out of the float sum so the other
-    # classes' small share keeps its digits. A NaN logit is no tie and makes the sum NaN.
-    parts = [tf.where(tie, tf.zeros_like(z), tf.exp(shifted)), tf.cast(tie, z.dtype)]
+    # classes' small share keeps its digits. A NaN logit is no tie and makes the sum NaN. In
+    # the float sum a tie adds z - m: 0, or NaN for a +inf logit (inf - inf), which makes the
+    # whole row NaN as in the native op (the softmax is inf / inf).
+    parts = [tf.where(tie, shifted, tf.exp(shifted)), tf.cast(tie, z.dtype)]
     if with_shifted_sum:
         parts.append(shifted if shift_weights is None else _not_zero(shift_weights, shifted))
     if _short_rows(z):
@@ -72,12 +76,22 @@ def _row_log_softmax(z: tf.Tensor, shift_weights: Optional[tf.Tensor] = None,
         sums = tf.unstack(tf.reduce_sum(tf.stack(parts), axis=-1))
     else:
         # Long rows: XLA splits each reduction into partial sums over windows, and would first
-        # write the stacked terms out whole (3 x N x C); separate reductions do not.
-        sums = [tf.reduce_sum(part, axis=-1) for part in parts]
+        # write the stacked terms out whole (3 x N x C); separate reductions do not. The share
+        # and the tie count are the two parts of one complex sum (each part summed alone, as
+        # two float sums): XLA reads the row once for both, where the tie count alone would be
+        # written out as an N x C float tensor and summed in windows.
+        pair = tf.reduce_sum(tf.complex(parts[0], parts[1]), axis=-1)
+        sums = [tf.math.real(pair), tf.math.imag(pair)]
+        sums += [tf.reduce_sum(part, axis=-1) for part in parts[2:]]
     others, ties = sums[0], sums[1]
-    log_sum = tf.where(ties > 0, tf.math.log1p(others + (ties - 1)), tf.math.log(others))
-    # A +inf logit: the softmax is inf / inf, the whole row NaN (as in the native op).
-    log_sum = tf.where(tf.math.is_inf(m), tf.constant(np.nan, z.dtype), log_sum)
+    # No tie (ties = 0) only in a row of -inf logits, where others = 0 and log1p(-1) = -inf =
+    # log(0), or in a row with a NaN, where others is NaN: one log1p serves every row. Under
+    # XLA every cheap per-row operation after it would be fused into the N x C consumers and
+    # recomputed per element; the row's NaN mask is applied before it, once per row.
+    shares = others + (ties - 1)
+    if nan_rows is not None:
+        shares = tf.where(nan_rows, tf.constant(np.nan, z.dtype), shares)
+    log_sum = tf.math.log1p(shares)
     if not with_shifted_sum:
         return m, log_sum
     return m, log_sum, sums[2]
@@ -220,10 +234,14 @@ def custom_loss(
         ids, ignored, bad = _class_ids(labels, logits, ignore_class, can_raise)
         # A clipped id (TensorFlow's CPU gather refuses one out of range), in the classes' int32:
         # the comparison with every class is then half as wide as with int64 ids. A bad or
-        # ignored row's clipped id names some class, but `finish` overwrites that row.
+        # ignored row's clipped id names some class, but its loss and gradient are NaN (bad)
+        # or 0 (ignored) whatever that class is.
         safe_ids = tf.cast(tf.clip_by_value(ids, 0, tf.cast(num_classes - 1, tf.int64)),
                            num_classes.dtype)
-        is_label = tf.equal(tf.range(num_classes), safe_ids[..., None])
+        # Compared unclipped: a bad row's id may match any class or none (its row is NaN
+        # anyway, through its log_sum), and XLA then compares each class with the label alone,
+        # without clipping it again for every element.
+        is_label = tf.equal(tf.range(num_classes), tf.cast(ids, num_classes.dtype)[..., None])
         w_y = tf.ones_like(ids, dtype=acc) if weights is None else tf.gather(weights, safe_ids)
         if not labelled_only:
             w = tf.cast(is_label, acc)
@@ -234,18 +252,26 @@ def custom_loss(
         if weights is not None:
             w = w * weights
 
-    def finish(values: tf.Tensor, row_axis_extra: bool) -> tf.Tensor:
-        """0 on ignored rows, NaN on bad ones (and everywhere for bad run-time weights)."""
-        def rows(mask: tf.Tensor) -> tf.Tensor:
-            return mask[..., None] if row_axis_extra else mask
+    # Rows whose loss and gradient are NaN: bad labels, and all of them for bad run-time
+    # weights. Folded into log_sum (`_row_log_softmax`), which makes every log p of the row NaN
+    # and so every gradient element: no per-element test in the gradient.
+    nan_rows = bad
+    if weights_ok is not None:
+        nan_rows = (tf.logical_not(weights_ok) if nan_rows is None
+                    else tf.logical_or(nan_rows, tf.logical_not(weights_ok)))
 
+    def finish(values: tf.Tensor, row_axis_extra: bool) -> tf.Tensor:
+        """0 on ignored rows; for the per-row loss also NaN on the `nan_rows` (a row's loss
+        can be 0 by its weights alone, whatever its log_sum)."""
+        if row_axis_extra:
+            if ignored is not None:
+                values = tf.where(ignored[..., None], tf.zeros_like(values), values)
+            return values
         if ignored is not None:
-            values = tf.where(rows(ignored), tf.zeros_like(values), values)
-        nan = tf.fill(tf.shape(values), tf.constant(np.nan, values.dtype))
-        if bad is not None:
-            values = tf.where(rows(bad), nan, values)
-        if weights_ok is not None:
-            values = tf.where(weights_ok, values, nan)
+            values = tf.where(ignored, tf.zeros_like(values), values)
+        if nan_rows is not None:
+            nan = tf.fill(tf.shape(values), tf.constant(np.nan, values.dtype))
+            values = tf.where(nan_rows, nan, values)
         return values
 
     def log_p(logits_in: tf.Tensor, m: tf.Tensor, log_sum: tf.Tensor) -> tf.Tensor:
@@ -271,7 +297,7 @@ def custom_loss(
     def loss_of(logits_in: tf.Tensor):
         z = tf.cast(logits_in, acc)
         if labelled_only:
-            m, log_sum = _row_log_softmax(z)
+            m, log_sum = _row_log_softmax(z, nan_rows=nan_rows)
             lp_y = (tf.cast(at_label(logits_in), acc) - m) - log_sum
             loss_factor, _ = _focal_factors(lp_y, gamma)
             loss = -_not_zero(w_y, loss_factor)
@@ -282,7 +308,7 @@ def custom_loss(
             # fourth sum S.)
             # Sparse labels: the sum over the classes is S_a = sum_c a_c (z_c - m).
             m, log_sum, shifted = _row_log_softmax(z, shift_weights=w if dense else weights,
-                                                   with_shifted_sum=True)
+                                                   with_shifted_sum=True, nan_rows=nan_rows)
             total = total_weight()
             if not dense:
                 # S = (1 - eps) a_y (z_y - m) + (eps / C) S_a; the label's term is 0 where
@@ -293,7 +319,7 @@ def custom_loss(
             loss = tf.where(total[..., 0] == 0, tf.zeros_like(log_sum),
                             total[..., 0] * log_sum - shifted)
         else:
-            m, log_sum = _row_log_softmax(z)
+            m, log_sum = _row_log_softmax(z, nan_rows=nan_rows)
             total = total_weight() if gamma == 0.0 else None
             loss_factor, _ = _focal_factors(log_p(logits_in, m, log_sum), gamma)
             loss = -tf.reduce_sum(_not_zero(w, loss_factor), axis=-1)
