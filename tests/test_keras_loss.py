@@ -216,3 +216,55 @@ def test_bad_arguments_are_refused_where_they_enter():
         tf_metal_ops.CustomLoss(from_logits="yes")
     with pytest.raises(TypeError, match="ignore_class"):
         tf_metal_ops.CustomLoss(ignore_class=1.5)
+
+
+def test_a_mixed_bfloat16_model_hands_the_op_its_bfloat16_logits(monkeypatch):
+    # Keras's Loss.__call__ converts predictions to the loss's dtype (float32 by default), which
+    # would give the op a float32 copy of the logits; CustomLoss() lets 16-bit logits through.
+    from tf_metal_ops import ops
+
+    seen = []
+    forward_op = ops.forward_op
+
+    def recording_forward_op(logits, inputs, row_scales):
+        seen.append(logits.dtype)
+        return forward_op(logits, inputs, row_scales)
+
+    monkeypatch.setattr(ops, "forward_op", recording_forward_op)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((64, 8)).astype(np.float32)
+    y = rng.integers(0, 10, size=64)
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    try:
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(10)])
+        model.compile("sgd", loss=tf_metal_ops.CustomLoss(label_smoothing=0.1), jit_compile=False)
+        history = model.fit(x, y, batch_size=32, epochs=1, verbose=0)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert seen and set(seen) == {tf.bfloat16}
+    assert np.isfinite(history.history["loss"][0])
+
+
+@pytest.mark.parametrize("dtype", [tf.bfloat16, tf.float16])
+@pytest.mark.parametrize("reduction", ["sum_over_batch_size", None])
+def test_16_bit_logits_give_a_float32_loss_and_a_16_bit_gradient(dtype, reduction):
+    logits, labels = _logits_and_labels(rows=256, classes=100)
+    z = tf.cast(tf.constant(logits), dtype)
+    loss = tf_metal_ops.CustomLoss(gamma=2.0, label_smoothing=0.1, reduction=reduction)
+    with tf.GradientTape() as tape:
+        tape.watch(z)
+        value = tf.reduce_sum(loss(labels, z))
+    grad = tape.gradient(value, z)
+    assert loss(labels, z).dtype == tf.float32
+    assert grad.dtype == dtype
+    # The float32 computation on the same (rounded) logits: the 16-bit path differs from it only
+    # by each example's loss and each gradient element being rounded to the logits' dtype.
+    z32 = tf.cast(z, tf.float32)
+    with tf.GradientTape() as tape:
+        tape.watch(z32)
+        expected = tf.reduce_sum(loss(labels, z32))
+    expected_grad = tape.gradient(expected, z32).numpy()
+    unit = 2.0 ** -8 if dtype == tf.bfloat16 else 2.0 ** -11  # the dtype's half ulp at 1
+    np.testing.assert_allclose(value.numpy(), expected.numpy(), rtol=unit)
+    np.testing.assert_allclose(tf.cast(grad, tf.float32).numpy(), expected_grad, rtol=unit,
+                               atol=unit * np.abs(expected_grad).max() * 2.0 ** -6)

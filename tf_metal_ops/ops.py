@@ -6,7 +6,7 @@ the native op cannot run (`tf_metal_ops.loss_path`) the composed loss runs inste
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import tensorflow as tf
 
@@ -147,6 +147,7 @@ def reduced_custom_loss(
     class_weights: Optional[TensorLike] = None,
     ignore_class: Optional[int] = None,
     name: Optional[str] = None,
+    dtype: Optional[Any] = None,
 ) -> tf.Tensor:
     """`sum(row_scales * custom_loss(labels, logits, ...))`, its gradient made with the loss.
 
@@ -164,13 +165,18 @@ def reduced_custom_loss(
         labels, logits, gamma, label_smoothing, class_weights, ignore_class, name: as for
             `custom_loss`.
         row_scales: one scale per example, shape `logits.shape[:-1]`; no gradient flows to it.
+        dtype: the dtype of the returned scalar (default: the logits'). The sum is taken in
+            float32 (float64 for float64 logits) and rounded once to it, so float16 or bfloat16
+            logits can give a float32 loss, as Keras's losses do, without a float32 copy of
+            the logits; the gradient stays in the logits' dtype.
 
     Returns:
-        A scalar of the logits' dtype (summed in float32, or float64 for float64 logits).
+        A scalar of `dtype` (summed in float32, or float64 for float64 logits).
     """
     with tf.name_scope(name or "reduced_custom_loss"):
         logits_t, inputs = _checked(labels, logits, gamma, label_smoothing, class_weights,
                                     ignore_class)
+        out_dtype = logits_t.dtype if dtype is None else _result_dtype(dtype)
         scales = tf.stop_gradient(tf.cast(row_scales, tf.float32))
         if not scales.shape.is_compatible_with(logits_t.shape[:-1]):
             raise ValueError(
@@ -180,11 +186,23 @@ def reduced_custom_loss(
             losses = composed.losses(logits_t, inputs)
             total_dtype = sum_dtype(losses.dtype)
             total = tf.reduce_sum(tf.cast(losses, total_dtype) * tf.cast(scales, total_dtype))
-            return tf.cast(total, losses.dtype)
-        return _reduced(logits_t, inputs, scales)
+            return tf.cast(total, out_dtype)
+        return _reduced(logits_t, inputs, scales, out_dtype)
 
 
-def _reduced(logits: tf.Tensor, inputs: LossInputs, scales: tf.Tensor) -> tf.Tensor:
+def _result_dtype(dtype: Any) -> tf.DType:
+    try:
+        out_dtype = tf.as_dtype(dtype)
+    except TypeError:
+        out_dtype = None
+    if out_dtype is None or not out_dtype.is_floating:
+        raise TypeError(f"dtype must be a floating-point dtype (float16, bfloat16, float32 or "
+                        f"float64), got {dtype!r}")
+    return out_dtype
+
+
+def _reduced(logits: tf.Tensor, inputs: LossInputs, scales: tf.Tensor,
+             out_dtype: tf.DType) -> tf.Tensor:
     total_dtype = sum_dtype(logits.dtype)
     always_written = forward_writes_gradient(logits)
 
@@ -208,7 +226,7 @@ def _reduced(logits: tf.Tensor, inputs: LossInputs, scales: tf.Tensor) -> tf.Ten
             def backward(upstream):
                 return tf.reshape(scaled_by(tf.cast(upstream, tf.float32)), logits_shape)
 
-            return tf.cast(total, z.dtype), backward
+            return tf.cast(total, out_dtype), backward
 
         def backward_from_written_or_gradient_op(upstream):
             u = tf.cast(upstream, tf.float32)
@@ -216,7 +234,7 @@ def _reduced(logits: tf.Tensor, inputs: LossInputs, scales: tf.Tensor) -> tf.Ten
             return tf.cond(written, lambda: scaled_by(u),
                            lambda: gradient_op(z, inputs, u * scales, row_stats))
 
-        return tf.cast(total, z.dtype), backward_from_written_or_gradient_op
+        return tf.cast(total, out_dtype), backward_from_written_or_gradient_op
 
     return reduced(logits)
 

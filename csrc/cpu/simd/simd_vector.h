@@ -312,9 +312,16 @@ TMO_SIMD_INLINE VF LoadFull(const float* p) {
   return v;
 }
 TMO_SIMD_INLINE VF LoadFull(const BFloat16* p) {
+#if defined(TMO_SIMD_AVX2)
+  // vpmovzxwd from memory and one shift: the generic widening below compiles to a 128-bit load,
+  // two half-width widenings and an insert.
+  return (VF)_mm256_slli_epi32(
+      _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16);
+#else
   VH h;
   std::memcpy(&h, p, sizeof(h));
   return FromBits(__builtin_convertvector(h, VU) << 16);  // bfloat16 is a float's top half
+#endif
 }
 TMO_SIMD_INLINE VF LoadFull(const Half* p) {
 #if defined(TMO_SIMD_AVX2)
@@ -340,6 +347,22 @@ TMO_SIMD_INLINE VF LoadFull(const Half* p) {
 TMO_SIMD_INLINE void StoreFull(float* p, VF v) { std::memcpy(p, &v, sizeof(v)); }
 TMO_SIMD_INLINE void StoreFull(BFloat16* p, VF v) {
   // Round to nearest even as float_types.h's Store does; NaN stays a quiet NaN.
+#if defined(TMO_SIMD_AVX2)
+  // The same bits in fewer instructions: the NaN lanes from one unordered compare, their quiet
+  // bit set before the shift, and the halves packed by packusdw (each is at most 0xffff, so
+  // nothing saturates) where the generic narrowing below takes a long shuffle sequence.
+  const __m256i bits = (__m256i)v;
+  const __m256i lowest_kept = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  const __m256i rounded =
+      _mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7fff)), lowest_kept);
+  const __m256i quiet_nan = _mm256_or_si256(bits, _mm256_set1_epi32(0x400000));
+  const __m256 is_nan = _mm256_cmp_ps((__m256)v, (__m256)v, _CMP_UNORD_Q);
+  const __m256i out = _mm256_srli_epi32(
+      (__m256i)_mm256_blendv_ps((__m256)rounded, (__m256)quiet_nan, is_nan), 16);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
+                   _mm_packus_epi32(_mm256_castsi256_si128(out),
+                                    _mm256_extracti128_si256(out, 1)));
+#else
   const VU bits = Bits(v);
   const VU rounded = (bits + SplatU(0x7fffu) + ((bits >> 16) & SplatU(1u))) >> 16;
   const VU quiet_nan = (bits >> 16) | SplatU(0x40u);
@@ -347,6 +370,7 @@ TMO_SIMD_INLINE void StoreFull(BFloat16* p, VF v) {
   const VU out = (quiet_nan & (VU)is_nan) | (rounded & ~(VU)is_nan);
   const VH h = __builtin_convertvector(out, VH);
   std::memcpy(p, &h, sizeof(h));
+#endif
 }
 TMO_SIMD_INLINE void StoreFull(Half* p, VF v) {
 #if defined(TMO_SIMD_AVX2)
