@@ -218,9 +218,11 @@ def test_bad_arguments_are_refused_where_they_enter():
         tf_metal_ops.CustomLoss(ignore_class=1.5)
 
 
-def test_a_mixed_bfloat16_model_hands_the_op_its_bfloat16_logits(monkeypatch):
-    # Keras's Loss.__call__ converts predictions to the loss's dtype (float32 by default), which
-    # would give the op a float32 copy of the logits; CustomLoss() lets 16-bit logits through.
+@pytest.mark.parametrize("loss_dtype, op_dtype", [(None, tf.float32),
+                                                   ("mixed_bfloat16", tf.bfloat16)])
+def test_a_mixed_bfloat16_model_hands_the_op_the_loss_dtype(monkeypatch, loss_dtype, op_dtype):
+    # Keras's Loss.__call__ converts predictions to the loss's dtype: float32 by default (a
+    # float32 copy of the logits), the 16-bit logits themselves with dtype="mixed_bfloat16".
     from tf_metal_ops import ops
 
     seen = []
@@ -237,17 +239,21 @@ def test_a_mixed_bfloat16_model_hands_the_op_its_bfloat16_logits(monkeypatch):
     keras.mixed_precision.set_global_policy("mixed_bfloat16")
     try:
         model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(10)])
-        model.compile("sgd", loss=tf_metal_ops.CustomLoss(label_smoothing=0.1), jit_compile=False)
+        model.compile("sgd", loss=tf_metal_ops.CustomLoss(label_smoothing=0.1, dtype=loss_dtype),
+                      jit_compile=False)
         history = model.fit(x, y, batch_size=32, epochs=1, verbose=0)
     finally:
         keras.mixed_precision.set_global_policy("float32")
-    assert seen and set(seen) == {tf.bfloat16}
+    assert seen and set(seen) == {op_dtype}
     assert np.isfinite(history.history["loss"][0])
 
 
 @pytest.mark.parametrize("dtype", [tf.bfloat16, tf.float16])
 @pytest.mark.parametrize("reduction", ["sum_over_batch_size", None])
-def test_16_bit_logits_give_a_float32_loss_and_a_16_bit_gradient(dtype, reduction):
+def test_16_bit_logits_give_the_float32_loss_of_the_same_values(dtype, reduction):
+    # Left at dtype=None, the loss is Keras's float32 computation on the (exactly widened)
+    # 16-bit logits: the same bits as on float32 logits holding those values, and the gradient
+    # that one rounded once to the logits' dtype.
     logits, labels = _logits_and_labels(rows=256, classes=100)
     z = tf.cast(tf.constant(logits), dtype)
     loss = tf_metal_ops.CustomLoss(gamma=2.0, label_smoothing=0.1, reduction=reduction)
@@ -257,14 +263,26 @@ def test_16_bit_logits_give_a_float32_loss_and_a_16_bit_gradient(dtype, reductio
     grad = tape.gradient(value, z)
     assert loss(labels, z).dtype == tf.float32
     assert grad.dtype == dtype
-    # The float32 computation on the same (rounded) logits: the 16-bit path differs from it only
-    # by each example's loss and each gradient element being rounded to the logits' dtype.
     z32 = tf.cast(z, tf.float32)
     with tf.GradientTape() as tape:
         tape.watch(z32)
         expected = tf.reduce_sum(loss(labels, z32))
-    expected_grad = tape.gradient(expected, z32).numpy()
+    expected_grad = tape.gradient(expected, z32)
+    np.testing.assert_array_equal(value.numpy(), expected.numpy())
+    np.testing.assert_array_equal(tf.cast(grad, tf.float32).numpy(),
+                                  tf.cast(tf.cast(expected_grad, dtype), tf.float32).numpy())
+
+
+@pytest.mark.parametrize("dtype", [tf.bfloat16, tf.float16])
+def test_a_16_bit_loss_dtype_rounds_each_example_to_it(dtype):
+    # dtype="mixed_..." runs the op on the 16-bit logits: each example's loss is rounded to the
+    # logits' dtype before the float32 sum, which is rounded once to the loss's dtype.
+    logits, labels = _logits_and_labels(rows=256, classes=100)
+    z = tf.cast(tf.constant(logits), dtype)
+    policy = "mixed_bfloat16" if dtype == tf.bfloat16 else "mixed_float16"
+    value = tf_metal_ops.CustomLoss(gamma=2.0, label_smoothing=0.1, dtype=policy)(labels, z)
+    assert value.dtype == dtype
+    expected = tf_metal_ops.CustomLoss(gamma=2.0, label_smoothing=0.1)(labels, z)
     unit = 2.0 ** -8 if dtype == tf.bfloat16 else 2.0 ** -11  # the dtype's half ulp at 1
-    np.testing.assert_allclose(value.numpy(), expected.numpy(), rtol=unit)
-    np.testing.assert_allclose(tf.cast(grad, tf.float32).numpy(), expected_grad, rtol=unit,
-                               atol=unit * np.abs(expected_grad).max() * 2.0 ** -6)
+    np.testing.assert_allclose(tf.cast(value, tf.float32).numpy(), expected.numpy(),
+                               rtol=2 * unit)

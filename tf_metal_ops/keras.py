@@ -93,9 +93,6 @@ class _ReductionProbe(keras.losses.Loss):
         return values
 
 
-_SIXTEEN_BIT = ("float16", "bfloat16")
-
-
 @keras.saving.register_keras_serializable(package="tf_metal_ops")
 class CustomLoss(keras.losses.Loss):
     """Fused focal / label-smoothed softmax cross-entropy for Keras.
@@ -132,12 +129,11 @@ class CustomLoss(keras.losses.Loss):
             `"sum_over_batch_size"` average, as in Keras's sparse cross-entropy.
         reduction: as for every Keras loss (`"sum_over_batch_size"`, `"sum"`, `None`, ...).
         name: name of the loss.
-        dtype: dtype of the loss computation, as for every Keras loss. Left at `None`, the
-            loss is float32 (`keras.backend.floatx()`) as Keras's own losses are, and
-            predictions are converted to it, except float16 and bfloat16 logits (a
-            `mixed_float16` or `mixed_bfloat16` model's): those reach the op as they are, which
-            computes in float32 in registers and writes their gradient in their own dtype
-            (docs/loss.md, "Mixed precision").
+        dtype: dtype of the loss computation, as for every Keras loss: left at `None`,
+            float32 (`keras.backend.floatx()`), and predictions are converted to it, so 16-bit
+            logits give the float32 loss Keras's own losses give. `dtype="mixed_bfloat16"` (or
+            `"mixed_float16"`) hands the op the 16-bit logits as they are, without a float32
+            copy, and returns a loss of that dtype (docs/loss.md, "Mixed precision").
 
     Example:
 
@@ -160,9 +156,6 @@ class CustomLoss(keras.losses.Loss):
     ) -> None:
         _require_tensorflow_backend("CustomLoss")
         super().__init__(name=name, reduction=reduction, dtype=dtype)
-        # Only a loss left at the default dtype lets 16-bit logits through unconverted: a dtype
-        # given by the user is what the op computes in, as for every Keras loss.
-        self._keeps_16_bit_logits = dtype is None
         options, self.class_weights = _checked_options(
             "CustomLoss", gamma, label_smoothing, class_weights, ignore_class)
         self.gamma = options.gamma
@@ -175,7 +168,7 @@ class CustomLoss(keras.losses.Loss):
     def __call__(self, y_true: Any, y_pred: Any, sample_weight: Optional[Any] = None) -> Any:
         in_mask = _get_keras_mask(y_pred)
         with tf.name_scope(self.name):
-            predictions = self._predictions(y_pred)
+            predictions = keras.ops.convert_to_tensor(y_pred, dtype=self.dtype)
             # The labels reach the loss as given, in every reduction: Keras's own
             # `Loss.__call__` would convert them to the loss's dtype first, which rounds class
             # ids (above 2048 in float16) and would let the reduction decide what integer
@@ -192,15 +185,6 @@ class CustomLoss(keras.losses.Loss):
             scales = self._row_scales(labels, predictions, sample_weight, in_mask)
             return reduced_custom_loss(labels, self._logits(predictions), scales,
                                        dtype=self.dtype, **self._loss_options())
-
-    def _predictions(self, y_pred: Any) -> tf.Tensor:
-        """y_pred in the dtype the op computes in (the `dtype` argument above)."""
-        if (self._keeps_16_bit_logits and self.from_logits and hasattr(y_pred, "dtype")
-                and keras.backend.standardize_dtype(y_pred.dtype) in _SIXTEEN_BIT):
-            # Keras's Loss.__call__ would make a float32 copy of the logits here; the op reads
-            # 16-bit logits itself, and the loss value is still summed in float32.
-            return tf.convert_to_tensor(y_pred)
-        return keras.ops.convert_to_tensor(y_pred, dtype=self.dtype)
 
     def _logits(self, y_pred: tf.Tensor) -> tf.Tensor:
         return y_pred if self.from_logits else tf.math.log(y_pred)

@@ -243,14 +243,13 @@ def _loss_fns(labels, cols: int, needed: Sequence[str],
             loss = keras.losses.CategoricalFocalCrossentropy(
                 from_logits=True, gamma=GAMMA, label_smoothing=LABEL_SMOOTHING)
             fns[name] = lambda z, loss=loss: loss(one_hot, z)
-        elif name == "ours_ce":
-            loss = tf_metal_ops.CustomLoss()
-            fns[name] = lambda z, loss=loss: loss(labels, z)
-        elif name == "ours_ce_ls":
-            loss = tf_metal_ops.CustomLoss(label_smoothing=LABEL_SMOOTHING)
-            fns[name] = lambda z, loss=loss: loss(labels, z)
-        elif name == "ours_focal":
-            loss = tf_metal_ops.CustomLoss(gamma=GAMMA, label_smoothing=LABEL_SMOOTHING)
+        elif name in ("ours_ce", "ours_ce_ls", "ours_focal"):
+            # 16-bit logits reach the op as they are only with a loss of their dtype (at its
+            # default, float32, Keras's Loss.__call__ would time a float32 copy of them).
+            loss = tf_metal_ops.CustomLoss(
+                gamma=GAMMA if name == "ours_focal" else 0.0,
+                label_smoothing=0.0 if name == "ours_ce" else LABEL_SMOOTHING,
+                dtype=dtype if dtype in ("float16", "bfloat16") else None)
             fns[name] = lambda z, loss=loss: loss(labels, z)
         else:
             raise ValueError(f"unknown case {name!r}")
