@@ -264,13 +264,15 @@ void EncodeOnQueue(id<TF_MetalStream> stream, const CustomLossProblem& problem,
   [encoder endEncoding];
 
   if (!wait) {
+    const std::string failed_launch = context + " (the Metal kernel " + kernel_name + ")";
     if (outcome->record_is_ours) {
       // Reads the record once the GPU is done with it, frees its slot, and leaves any error for
       // the next op or check_errors() (csrc/pending_errors.h). Added before [stream commit],
       // which may commit this very command buffer; Metal allows handlers only until then. The
       // block keeps the record's buffer and a copy of the problem (for the message) alive until
-      // Metal releases it after running it. A command buffer that failed reports through the
-      // plugin; its record may be incomplete, so it is not reported, but its slot is freed.
+      // Metal releases it after running it. A command buffer that failed (a fault, a GPU
+      // timeout) is reported as that failure, as a user kernel's is; its record may be
+      // incomplete, so the record is not read, but its slot is freed.
       // The launch is outstanding (pending_errors.h) until the handler has run: check_errors()
       // commits this stream's command buffer (metal_stream.h) and waits for that.
       id<MTLBuffer> buffer = outcome->error_record;
@@ -285,9 +287,14 @@ void EncodeOnQueue(id<TF_MetalStream> stream, const CustomLossProblem& problem,
             slots != nullptr ? slots->Release(records, slot) : records[0];
         if ([done status] == MTLCommandBufferStatusCompleted) {
           ReportCompletedErrorRecord(report_for, &record, sizeof(record));
+        } else {
+          RecordDeferredGpuError(metal::KernelFailure(done, failed_launch));
         }
         FinishOutstandingLaunch(ticket);
       }];
+    } else {
+      // Dense labels have no record to read; a failed command buffer is still reported.
+      metal::ReportFailureLater(stream, command_buffer, failed_launch);
     }
     [stream commit];
     return;
