@@ -145,6 +145,7 @@ def native_extension(
         "csrc/cpu/simd/rows_dispatch.cc",
         "csrc/cpu/simd/rows_portable.cc",
         "csrc/cpu/simd/rows_avx2.cc",
+        "csrc/cpu/simd/rows_avx512.cc",
         *METAL_SOURCES_IN_EVERY_BUILD,
     ]
     define_macros = [("TF_METAL_OPS_BUILT_AGAINST_TF", f'"{tf_version}"')]

@@ -32,7 +32,7 @@ def quick_report() -> dict:
 def test_bench_quick_json_schema(quick_report):
     assert quick_report["schema"] == bench.SCHEMA
     env = quick_report["environment"]
-    assert env["cpu_kernel_isa"] in ("avx2", "portable")
+    assert env["cpu_kernel_isa"] in ("avx512", "avx2", "portable")
     assert env["cpu_threads"] >= 1
     assert env["tf_cpu_allocator"] in ("bfc", "default")
     assert isinstance(env["tf_enable_onednn_opts"], str)

@@ -1,11 +1,14 @@
-"""The CPU kernels' own paths: both instruction-set variants, row tails, and the gradient written
-over the logits' buffer.
+"""The CPU kernels' own paths: every instruction-set variant the CPU has, row tails, and the
+gradient written over the logits' buffer.
 
 test_custom_loss_op.py checks the op against the reference in depth on whatever variant this
-CPU selects. Here, the same comparison runs on the other variant too (TF_METAL_OPS_CPU_ISA=
-portable forces the SSE2/NEON one, in a subprocess since the choice is made once per process),
-over class counts around the vector widths (4 and 8 lanes), and with logits that are an
-intermediate of the step, which lets TensorFlow hand their buffer to the gradient (in place).
+CPU selects. Here, the same comparison runs on the narrower variants too (TF_METAL_OPS_CPU_ISA=
+portable forces the SSE2/NEON one, =avx2 the AVX2 one on an AVX-512 CPU, each in a subprocess
+since the choice is made once per process), over class counts around the vector widths (4, 8
+and 16 lanes), and with logits that are an intermediate of the step, which lets TensorFlow hand
+their buffer to the gradient (in place). The variants are not compared with one another bit for
+bit: a row's sums are taken lane by lane, so each width adds in its own order
+(csrc/cpu/simd/rows_dispatch.h); each must be within the same tolerances of the reference.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ import pytest
 import tensorflow as tf
 
 import tf_metal_ops
-from portable_isa import run_on_portable_isa
+from portable_isa import run_on_isa, run_on_portable_isa
+from tf_metal_ops import _native
 from tf_metal_ops import reference as ref
 
 pytestmark = [pytest.mark.native, pytest.mark.simd]
@@ -23,7 +27,7 @@ pytestmark = [pytest.mark.native, pytest.mark.simd]
 # (rtol, atol) against the float64 reference on the dtype-rounded inputs.
 TOLERANCES = {tf.float32: (2e-5, 2e-5), tf.float16: (2e-3, 2e-3), tf.bfloat16: (1.6e-2, 1.6e-2),
               tf.float64: (1e-9, 1e-9)}
-CLASS_COUNTS = [1, 3, 4, 5, 7, 8, 9, 15, 16, 17, 24, 100]
+CLASS_COUNTS = [1, 3, 4, 5, 7, 8, 9, 15, 16, 17, 24, 31, 32, 33, 100]
 SETTINGS = [(0.0, 0.0), (0.0, 0.1), (2.0, 0.1), (0.5, 0.0), (3.7, 1.0)]
 
 
@@ -78,10 +82,11 @@ def test_vector_tails_match_reference(dtype, classes):
         _check(dtype, classes, gamma, eps)
 
 
-# Rows of few classes run a group of 8 (AVX2) or 4 (SSE2/NEON) rows at a time, transposed
-# (csrc/cpu/simd/simd_row_groups.h): up to 48 / 32 classes forward and 32 / 24 for the gradient at
-# 8 / 4 lanes, so the counts straddle each limit. 19 rows make full groups and a partial one at
-# both widths, with the special rows of _logits (all tied, confident, masked) in the first group.
+# Rows of few classes run a group of 16 (AVX-512), 8 (AVX2) or 4 (SSE2/NEON) rows at a time,
+# transposed (csrc/cpu/simd/simd_row_groups.h): up to 48 / 32 classes forward and 32 / 24 for the
+# gradient at 16 and 8 / 4 lanes, so the counts straddle each limit. 19 rows make full groups and
+# a partial one at every width, with the special rows of _logits (all tied, confident, masked) in
+# the first group.
 GROUP_CLASS_COUNTS = [1, 2, 10, 24, 25, 32, 33, 48, 49]
 
 
@@ -106,6 +111,26 @@ def test_portable_variant_matches_reference():
     """Runs the tail and group tests above in a process that uses the baseline (SSE2 / NEON)
     variant."""
     run_on_portable_isa("test_cpu_kernels", """
+        for dtype in (tf.float32, tf.float16, tf.bfloat16):
+            for classes in t.CLASS_COUNTS:
+                for gamma, eps in t.SETTINGS:
+                    t._check(dtype, classes, gamma, eps)
+            for classes in t.GROUP_CLASS_COUNTS:
+                t._check_groups(dtype, classes)
+    """, timeout=600)
+
+
+def _skip_unless_default_is_avx512() -> None:
+    isa = _native.runtime().cpu_kernel_isa()
+    if isa != "avx512":
+        pytest.skip(f"this CPU's default variant is {isa}: the AVX2 variant is the default (tested "
+                    "by the tests above) or absent")
+
+
+def test_avx2_variant_matches_reference():
+    """The tail and group tests above on the AVX2 variant, where the CPU's default is AVX-512."""
+    _skip_unless_default_is_avx512()
+    run_on_isa("avx2", "test_cpu_kernels", """
         for dtype in (tf.float32, tf.float16, tf.bfloat16):
             for classes in t.CLASS_COUNTS:
                 for gamma, eps in t.SETTINGS:
@@ -216,6 +241,15 @@ def test_split_rows_same_bits_for_any_thread_count_and_batch():
 @pytest.mark.baseline_isa
 def test_portable_split_rows_match_reference():
     run_on_portable_isa("test_cpu_kernels", """
+        for gamma in (0.0, 2.0):
+            t._check_split_rows(gamma)
+        t.test_split_rows_same_bits_for_any_thread_count_and_batch()
+    """, timeout=600)
+
+
+def test_avx2_split_rows_match_reference():
+    _skip_unless_default_is_avx512()
+    run_on_isa("avx2", "test_cpu_kernels", """
         for gamma in (0.0, 2.0):
             t._check_split_rows(gamma)
         t.test_split_rows_same_bits_for_any_thread_count_and_batch()

@@ -24,7 +24,8 @@ from tf_metal_ops import _native
 
 pytestmark = pytest.mark.simd
 
-# Around the row-group limits (32 / 48 classes at 8 lanes, 24 / 32 at 4) and the vector widths.
+# Around the row-group limits (32 / 48 classes at 8 and 16 lanes, 24 / 32 at 4) and the vector
+# widths.
 CLASS_COUNTS = [1, 7, 24, 25, 33, 48, 49, 100, 1003]
 # (gamma, label_smoothing): plain, smoothed, focal (the fast gamma kinds and a general one).
 SETTINGS = [(0.0, 0.0), (0.0, 0.1), (1.0, 0.0), (2.0, 0.1), (0.5, 0.0), (3.7, 1.0)]
@@ -35,7 +36,7 @@ DTYPES = [tf.float32, tf.float16, tf.bfloat16]
 # whose vector log1p may end log_sum an ulp or two away from the single-row kernel's libm log1p.
 # Where the forward used groups but the gradient single rows (between the two limits), the gradient
 # given the forward's statistics is then that close, not bit for bit, to the one without.
-GROUP_LIMITS = {"avx2": (32, 48), "portable": (24, 32)}  # (gradient, forward) class counts
+GROUP_LIMITS = {"avx512": (32, 48), "avx2": (32, 48), "portable": (24, 32)}  # (gradient, forward) class counts
 
 
 def _exact_expected(classes: int) -> bool:

@@ -7,8 +7,8 @@
 //
 // Prints one JSON object per check: how many points, how many broke the rule, the largest
 // relative difference seen where values are compared with a tolerance. Each broken point is
-// described on stderr. Built twice by tests/test_shared_math.py, as the kernels are: with
-// -DCHECK_AVX2 (8 lanes) and without (the 4-lane baseline).
+// described on stderr. Built once per variant by tests/test_shared_math.py, as the kernels are:
+// with -DCHECK_AVX512 (16 lanes), -DCHECK_AVX2 (8 lanes) or neither (the 4-lane baseline).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -29,7 +29,11 @@
 #include "csrc/cpu/simd/rows_dispatch.h"
 #include "kernels/custom_loss_math.h"
 
-#if defined(CHECK_AVX2)
+#if defined(CHECK_AVX512)
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
+#define TF_METAL_OPS_SIMD_LANES 16
+#define TMO_SIMD_AVX512 1
+#elif defined(CHECK_AVX2)
 #pragma GCC target("avx2,fma,f16c")
 #define TF_METAL_OPS_SIMD_LANES 8
 #define TMO_SIMD_AVX2 1

@@ -3,8 +3,9 @@
 // function with the largest error in float32 ulps and whether every special value came out as
 // specified.
 //
-// Built twice by tests/test_simd_math.py, as the kernels are: with -DCHECK_AVX2 (8 lanes, AVX2 +
-// FMA + F16C) and without (the 4-lane SSE2 / NEON baseline).
+// Built once per variant by tests/test_simd_math.py, as the kernels are: with -DCHECK_AVX512 (16
+// lanes, AVX-512), with -DCHECK_AVX2 (8 lanes, AVX2 + FMA + F16C) and with neither (the 4-lane
+// SSE2 / NEON baseline).
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -20,7 +21,18 @@
 
 #include "csrc/cpu/float_types.h"
 
-#if defined(CHECK_AVX2)
+#if defined(CHECK_AVX512)
+// The rest of the file, main included, for AVX-512 as rows_avx512.cc (it runs only where that is).
+#if defined(__clang__)
+#pragma clang attribute push(                                                                 \
+    __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"))),               \
+    apply_to = function)
+#else
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
+#endif
+#define TF_METAL_OPS_SIMD_LANES 16
+#define TMO_SIMD_AVX512 1
+#elif defined(CHECK_AVX2)
 // The rest of the file, main included, for AVX2 + FMA + F16C (it runs only where they are).
 // clang ignores `#pragma GCC target`; it takes the attribute form rows_avx2.cc uses.
 #if defined(__clang__)
@@ -166,6 +178,6 @@ int main(int argc, char** argv) {
   return 0;
 }
 
-#if defined(CHECK_AVX2) && defined(__clang__)
+#if (defined(CHECK_AVX2) || defined(CHECK_AVX512)) && defined(__clang__)
 #pragma clang attribute pop
 #endif

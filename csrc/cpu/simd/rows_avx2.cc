@@ -1,6 +1,6 @@
 // The row kernels for x86-64 CPUs with AVX2, FMA and F16C (8 float lanes, fused multiply-add,
-// hardware half conversions), chosen at run time by SelectRowsKernel (csrc/cpu/custom_loss_cpu.cc)
-// only on CPUs that report all three. Empty on other architectures.
+// hardware half conversions), chosen at run time by rows_dispatch.cc on CPUs that report all three
+// but not AVX-512 (rows_avx512.cc). Empty on other architectures.
 //
 // The instruction set is enabled by a target region around this file's own code, not by a
 // compiler flag: every standard header is included before the region, so its inline functions

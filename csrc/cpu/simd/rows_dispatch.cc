@@ -2,6 +2,7 @@
 // process from the CPU's feature bits.
 #include "csrc/cpu/simd/rows_dispatch.h"
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -11,30 +12,86 @@
 
 namespace tf_metal_ops {
 namespace {
+
+enum class Isa { kPortable = 0, kAvx2 = 1, kAvx512 = 2 };
+
 #if defined(__x86_64__)
-// F16C (the half <-> float conversions) from CPUID leaf 1, ECX bit 29 (Intel SDM vol. 2A, CPUID):
-// clang 16 does not know "f16c" as a __builtin_cpu_supports feature. The AVX2 test beside it
-// covers the OS's saving of the YMM state that these instructions also need.
-bool CpuHasF16c() {
-  unsigned int eax = 0, ebx = 0, ecx = 0, edx = 0;
-  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+// CPUID leaf 1 ECX and leaf 7 EBX bits, and XCR0's state components (Intel SDM vol. 1, 13.1
+// and vol. 2A, CPUID and XGETBV), read here rather than through __builtin_cpu_supports: clang 16
+// does not know "f16c" there, and the OS's saving of the AVX-512 state is checked explicitly
+// instead of relying on how each compiler's runtime decides a feature is usable.
+constexpr unsigned kLeaf1EcxFma = 1u << 12;
+constexpr unsigned kLeaf1EcxOsxsave = 1u << 27;
+constexpr unsigned kLeaf1EcxF16c = 1u << 29;
+constexpr unsigned kLeaf1EcxAvx = 1u << 28;
+constexpr unsigned kLeaf7EbxAvx2 = 1u << 5;
+constexpr unsigned kLeaf7EbxAvx512f = 1u << 16;
+constexpr unsigned kLeaf7EbxAvx512dq = 1u << 17;
+constexpr unsigned kLeaf7EbxAvx512bw = 1u << 30;
+constexpr unsigned kLeaf7EbxAvx512vl = 1u << 31;
+constexpr unsigned long long kXcr0SseAvx = 0x6;          // XMM and YMM state
+constexpr unsigned long long kXcr0Avx512 = 0xe0;         // opmask, ZMM0-15 upper halves, ZMM16-31
+
+unsigned long long ReadXcr0() {
+  unsigned int low = 0, high = 0;
+  __asm__("xgetbv" : "=a"(low), "=d"(high) : "c"(0));
+  return (static_cast<unsigned long long>(high) << 32) | low;
 }
+
+// The widest variant this CPU and OS run.
+Isa WidestIsa() {
+  unsigned int eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0) return Isa::kPortable;
+  const unsigned leaf1_needed = kLeaf1EcxFma | kLeaf1EcxOsxsave | kLeaf1EcxF16c | kLeaf1EcxAvx;
+  if ((ecx & leaf1_needed) != leaf1_needed) return Isa::kPortable;
+  const unsigned long long xcr0 = ReadXcr0();  // readable: OSXSAVE is set
+  if ((xcr0 & kXcr0SseAvx) != kXcr0SseAvx) return Isa::kPortable;
+  if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) == 0) return Isa::kPortable;
+  if ((ebx & kLeaf7EbxAvx2) == 0) return Isa::kPortable;
+  const unsigned avx512_needed =
+      kLeaf7EbxAvx512f | kLeaf7EbxAvx512dq | kLeaf7EbxAvx512bw | kLeaf7EbxAvx512vl;
+  if ((ebx & avx512_needed) == avx512_needed && (xcr0 & kXcr0Avx512) == kXcr0Avx512) {
+    return Isa::kAvx512;
+  }
+  return Isa::kAvx2;
+}
+#else
+Isa WidestIsa() { return Isa::kPortable; }
 #endif
+
+// TF_METAL_OPS_CPU_ISA caps the variant (for tests: the numerics of a narrower one on a wider
+// CPU); it never selects one the CPU lacks.
+Isa IsaCap() {
+  const char* forced = std::getenv("TF_METAL_OPS_CPU_ISA");
+  if (forced == nullptr || forced[0] == '\0') return Isa::kAvx512;
+  if (std::strcmp(forced, "portable") == 0) return Isa::kPortable;
+  if (std::strcmp(forced, "avx2") == 0) return Isa::kAvx2;
+  if (std::strcmp(forced, "avx512") == 0) return Isa::kAvx512;
+  std::fprintf(stderr,
+               "tf_metal_ops: TF_METAL_OPS_CPU_ISA=%s is not one of portable, avx2, avx512; "
+               "ignoring it\n",
+               forced);
+  return Isa::kAvx512;
+}
 
 // Read once: the CPU does not change, and an environment override is for tests only.
 RowsKernel ChooseRowsKernel(const char** isa, SplitRowsKernel* split) {
-  const char* forced = std::getenv("TF_METAL_OPS_CPU_ISA");
-  const bool force_portable = forced != nullptr && std::strcmp(forced, "portable") == 0;
+  const Isa widest = WidestIsa();
+  const Isa cap = IsaCap();
+  const Isa chosen = static_cast<int>(widest) < static_cast<int>(cap) ? widest : cap;
 #if defined(__x86_64__)
-  __builtin_cpu_init();
-  if (!force_portable && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-      CpuHasF16c()) {
+  if (chosen == Isa::kAvx512) {
+    *isa = "avx512";
+    *split = &avx512::ComputeSplitRows;
+    return &avx512::ComputeRows;
+  }
+  if (chosen == Isa::kAvx2) {
     *isa = "avx2";
     *split = &avx2::ComputeSplitRows;
     return &avx2::ComputeRows;
   }
 #endif
-  (void)force_portable;
+  (void)chosen;
   *isa = "portable";
   *split = &portable::ComputeSplitRows;
   return &portable::ComputeRows;

@@ -3,9 +3,17 @@
 //
 // The kernels are written once (simd_kernels.h) and compiled per instruction set:
 // rows_portable.cc for the baseline every CPU of the architecture has (SSE2 on x86-64, NEON on
-// arm64; 4 lanes) and rows_avx2.cc for x86-64 CPUs with AVX2, FMA and F16C (8 lanes). Which one
-// runs is decided once per process from the CPU's feature bits (rows_dispatch.cc), so a wheel
-// built on any machine runs on every x86-64 and arm64 machine; no -march flag is used.
+// arm64; 4 lanes), rows_avx2.cc for x86-64 CPUs with AVX2, FMA and F16C (8 lanes), and
+// rows_avx512.cc for those that also have AVX-512 F, BW, VL and DQ with the OS saving its
+// registers (16 lanes). Which one runs is decided once per process from the CPU's feature bits
+// (rows_dispatch.cc), so a wheel built on any machine runs on every x86-64 and arm64 machine; no
+// -march flag is used.
+//
+// Each variant gives the same bits for any thread count and batch split. The variants differ
+// from one another in the last bits: a row's sums are taken lane by lane (4, 8 or 16 lanes) and
+// added across lanes at the end, so a different width adds in a different order. Each is within
+// the same tolerances of the float64 reference (tests/test_cpu_kernels.py runs every variant the
+// CPU has), and the vector math of each is checked alone (tests/cpu_math/simd_math_check.cc).
 // Float64 logits take csrc/cpu/custom_loss_cpu.cc's scalar kernel (kernels/custom_loss_math.h).
 #ifndef TF_METAL_OPS_CSRC_CPU_SIMD_ROWS_DISPATCH_H_
 #define TF_METAL_OPS_CSRC_CPU_SIMD_ROWS_DISPATCH_H_
@@ -71,14 +79,20 @@ void ComputeRows(const RowsArgs& args, int64_t begin, int64_t end);
 bool ComputeSplitRows(const RowsArgs& args, int64_t num_rows, int threads,
                       ParallelTasks parallel);
 }
+namespace avx512 {
+void ComputeRows(const RowsArgs& args, int64_t begin, int64_t end);
+bool ComputeSplitRows(const RowsArgs& args, int64_t num_rows, int threads,
+                      ParallelTasks parallel);
+}
 #endif
 
-// The variant for this CPU. TF_METAL_OPS_CPU_ISA=portable in the environment (read once)
-// forces the baseline variant, so its numerics can be tested on an AVX2 machine too.
+// The variant for this CPU. TF_METAL_OPS_CPU_ISA=portable or =avx2 in the environment (read
+// once) caps the choice at that variant, so a narrower variant's numerics can be tested on a
+// wider machine too; =avx512 is the default (the widest the CPU has).
 RowsKernel SelectRowsKernel();
 // The split-row kernel of the same variant.
 SplitRowsKernel SelectSplitRowsKernel();
-// "avx2" or "portable" (what SelectRowsKernel() picked), for build information and benchmarks.
+// "avx512", "avx2" or "portable" (what SelectRowsKernel() picked), for build information and benchmarks.
 const char* SelectedRowsIsa();
 
 }  // namespace tf_metal_ops

@@ -107,8 +107,13 @@ struct FoldedHalves {
 #elif TF_METAL_OPS_SIMD_LANES == 4
     low += __builtin_convertvector(__builtin_shufflevector(part, part, 0, 1), VDHalf);
     high += __builtin_convertvector(__builtin_shufflevector(part, part, 2, 3), VDHalf);
+#elif TF_METAL_OPS_SIMD_LANES == 16
+    low += __builtin_convertvector(
+        __builtin_shufflevector(part, part, 0, 1, 2, 3, 4, 5, 6, 7), VDHalf);
+    high += __builtin_convertvector(
+        __builtin_shufflevector(part, part, 8, 9, 10, 11, 12, 13, 14, 15), VDHalf);
 #else
-#error "FoldedHalves takes 4 or 8 lanes"
+#error "FoldedHalves takes 4, 8 or 16 lanes"
 #endif
   }
   // Into a LaneSum's whole vector (written in place: a VD return value would take an ABI that
