@@ -11,6 +11,10 @@
 //   then    lse pieces once per row: log_sum = log1p(others + ties - 1), 1 / (others + ties)
 //   pass 3  the loss terms, or the gradient, from e_c and z_c
 //
+// A smoothed sparse cross-entropy row without class weights has no pass of loss terms: pass 2
+// also sums z_c - max, and the loss follows from that sum (CrossEntropyFromSums), so the row
+// reads its logits as often as an unsmoothed one; only its gradient pass subtracts w_c.
+//
 // A gradient given the forward op's row statistics (max, log_sum, 1 / sum; problem.h) skips
 // passes 1 and 2: a cross-entropy row computes e_c where pass 3 uses it, one pass over the row
 // with one read of it in place of three; a focal row, whose pass 3 is two passes, stores e_c
