@@ -273,7 +273,7 @@ void ComputeRowGroupsTyped(const RowsArgs& args, int64_t begin, int64_t end) {
       }
     } else if (gamma == 0.0f) {
       CrossEntropyGradOp<float, decltype(weights), StoredE> op{
-          StoredE{e}, &weights, grad, sm.inv_sum, weights.Sum(num_classes), upstream};
+          StoredE{e}, weights, grad, sm.inv_sum, weights.Sum(num_classes), upstream};
       ForEachBlock(width, op);
     } else {
       const VF total = focal_with_gradient

@@ -11,6 +11,10 @@
 //   then    lse pieces once per row: log_sum = log1p(others + ties - 1), 1 / (others + ties)
 //   pass 3  the loss terms, or the gradient, from e_c and z_c
 //
+// A smoothed sparse cross-entropy row without class weights has no pass of loss terms: pass 2
+// also sums z_c - max, and the loss follows from that sum (CrossEntropyFromSums), so the row
+// reads its logits as often as an unsmoothed one; only its gradient pass subtracts w_c.
+//
 // A gradient given the forward op's row statistics (max, log_sum, 1 / sum; problem.h) skips
 // passes 1 and 2: a cross-entropy row computes e_c where pass 3 uses it, one pass over the row
 // with one read of it in place of three; a focal row, whose pass 3 is two passes, stores e_c
@@ -73,8 +77,9 @@ struct LaneSum {
 // tail test inside the main loop), Op::Block<false> once for the last num_classes % kLanes.
 template <typename Op>
 TMO_SIMD_INLINE void ForEachBlock(int64_t num_classes, Op& op) {
+  const int64_t full_end = num_classes - num_classes % kLanes;
   int64_t c = 0;
-  for (; c + kLanes <= num_classes; c += kLanes) op.template Block<true>(c, kLanes);
+  for (; c < full_end; c += kLanes) op.template Block<true>(c, kLanes);
   if (c < num_classes) op.template Block<false>(c, num_classes - c);
 }
 
@@ -153,20 +158,92 @@ template <bool kFold = true, typename Op>
 TMO_SIMD_INLINE auto SumOfBlocks(int64_t num_classes, Op& op) {
   using Term = decltype(op.template Term<true>(int64_t{0}, int64_t{kLanes}));
   std::conditional_t<std::is_same_v<Term, VF>, FoldedHalves, FoldedPair> folded{};
+  constexpr int64_t kGroup = kFoldVectors * kLanes;
+  const int64_t groups_end = kFold ? num_classes - num_classes % kGroup : 0;
   int64_t c = 0;
-  while (kFold && c + kFoldVectors * kLanes <= num_classes) {
+  for (; c < groups_end; c += kGroup) {
     Term part = op.template Term<true>(c, kLanes);
-    c += kLanes;
-    for (int k = 1; k < kFoldVectors; ++k, c += kLanes) {
-      AddTerms(part, op.template Term<true>(c, kLanes));
+    for (int k = 1; k < kFoldVectors; ++k) {
+      AddTerms(part, op.template Term<true>(c + k * kLanes, kLanes));
     }
     Fold(folded, part);
   }
   Term part;
   ZeroTerms(part);
-  for (; c + kLanes <= num_classes; c += kLanes) AddTerms(part, op.template Term<true>(c, kLanes));
+  const int64_t full_end = num_classes - num_classes % kLanes;
+  for (; c < full_end; c += kLanes) AddTerms(part, op.template Term<true>(c, kLanes));
   if (c < num_classes) AddTerms(part, op.template Term<false>(c, num_classes - c));
   return SumOf(part, folded);
+}
+
+// A sparse row's class weights differ from one class to the next only at the label (without
+// class weights every other class weighs eps / C), so only the vector holding the label needs
+// the weights' label test. Ops that weigh classes take Term<kFull, kLabelBlock> (Block<...> for
+// ForEachBlock): kLabelBlock = false promises the block holds no labelled class, so the weights
+// skip the test (WeightsAt). The walks below call it so for every vector but the label's, which
+// they reach by splitting their loops there, not by a test per vector: each vector's terms and
+// their order of addition are those of SumOfBlocks and ForEachBlock, so the sums and the stores
+// are the same bit for bit. `label` < 0: no vector holds a label (dense targets, groups of rows).
+template <bool kFull, typename Op>
+TMO_SIMD_INLINE auto TermOfBlock(Op& op, int64_t c, int64_t n, int64_t label_block) {
+  return c == label_block ? op.template Term<kFull, true>(c, n)
+                          : op.template Term<kFull, false>(c, n);
+}
+
+template <bool kFold = true, typename Op>
+TMO_SIMD_INLINE auto SumOfBlocksAroundLabel(int64_t num_classes, Op& op, int64_t label) {
+  using Term = decltype(op.template Term<true, false>(int64_t{0}, int64_t{kLanes}));
+  const int64_t label_block = label < 0 ? -1 : label - label % kLanes;
+  constexpr int64_t kGroup = kFoldVectors * kLanes;
+  const int64_t groups_end = kFold ? num_classes - num_classes % kGroup : 0;
+  std::conditional_t<std::is_same_v<Term, VF>, FoldedHalves, FoldedPair> folded{};
+  int64_t c = 0;
+  for (; c < groups_end; c += kGroup) {
+    Term part;
+    if (label_block >= c && label_block < c + kGroup) {  // one group of the row
+      part = TermOfBlock<true>(op, c, kLanes, label_block);
+      for (int k = 1; k < kFoldVectors; ++k) {
+        AddTerms(part, TermOfBlock<true>(op, c + k * kLanes, kLanes, label_block));
+      }
+    } else {  // the loop of SumOfBlocks, without the label's test
+      part = op.template Term<true, false>(c, kLanes);
+      for (int k = 1; k < kFoldVectors; ++k) {
+        AddTerms(part, op.template Term<true, false>(c + k * kLanes, kLanes));
+      }
+    }
+    Fold(folded, part);
+  }
+  Term part;
+  ZeroTerms(part);
+  const int64_t full_end = num_classes - num_classes % kLanes;
+  if (label_block >= c && label_block < full_end) {
+    for (; c < label_block; c += kLanes) AddTerms(part, op.template Term<true, false>(c, kLanes));
+    AddTerms(part, op.template Term<true, true>(c, kLanes));
+    c += kLanes;
+  }
+  for (; c < full_end; c += kLanes) AddTerms(part, op.template Term<true, false>(c, kLanes));
+  if (c < num_classes) AddTerms(part, TermOfBlock<false>(op, c, num_classes - c, label_block));
+  return SumOf(part, folded);
+}
+
+template <typename Op>
+TMO_SIMD_INLINE void ForEachBlockAroundLabel(int64_t num_classes, Op& op, int64_t label) {
+  const int64_t label_block = label < 0 ? -1 : label - label % kLanes;
+  const int64_t full_end = num_classes - num_classes % kLanes;
+  int64_t c = 0;
+  if (label_block >= 0 && label_block < full_end) {
+    for (; c < label_block; c += kLanes) op.template Block<true, false>(c, kLanes);
+    op.template Block<true, true>(c, kLanes);
+    c += kLanes;
+  }
+  for (; c < full_end; c += kLanes) op.template Block<true, false>(c, kLanes);
+  if (full_end < num_classes) {
+    if (full_end == label_block) {
+      op.template Block<false, true>(full_end, num_classes - full_end);
+    } else {
+      op.template Block<false, false>(full_end, num_classes - full_end);
+    }
+  }
 }
 template <bool kFull, typename T>
 TMO_SIMD_INLINE VF LoadBlock(const T* p, int64_t n, float fill) {
@@ -206,12 +283,15 @@ struct SparseWeights {
     return {args.class_weights, args.smoothing_share, args.target_share, args.sum_class_weights,
             label};
   }
-  template <bool kFull>
+  // kLabelBlock = false: the caller knows [c, c + n) does not hold the label (WeightsAt).
+  template <bool kFull, bool kLabelBlock = true>
   TMO_SIMD_INLINE VF Get(int64_t c, int64_t n) const {
     VF q = Splat(smoothing_share);
-    const int64_t d = label - c;
-    if (d >= 0 && d < kLanes) {
-      q = q + KeepIf(Iota() == SplatI(static_cast<int32_t>(d)), Splat(target_share));
+    if constexpr (kLabelBlock) {
+      const int64_t d = label - c;
+      if (d >= 0 && d < kLanes) {
+        q = q + KeepIf(Iota() == SplatI(static_cast<int32_t>(d)), Splat(target_share));
+      }
     }
     q = ZeroTail<kFull>(q, n);
     return class_weights ? LoadBlock<kFull>(class_weights + c, n, 0.0f) * q : q;
@@ -224,6 +304,23 @@ struct SparseWeights {
     return smoothing_share * sum_class_weights + target_share * ClassWeight(label);
   }
 };
+
+// w_c of the lanes [c, c + n), for an op's Term<kFull, kLabelBlock> (SumOfBlocksAroundLabel):
+// only sparse rows have a label to skip; every other kind of weights reads its lanes alike.
+template <bool kFull, bool kLabelBlock, typename Weights>
+TMO_SIMD_INLINE VF WeightsAt(const Weights& weights, int64_t c, int64_t n) {
+  return weights.template Get<kFull>(c, n);
+}
+template <bool kFull, bool kLabelBlock>
+TMO_SIMD_INLINE VF WeightsAt(const SparseWeights& weights, int64_t c, int64_t n) {
+  return weights.template Get<kFull, kLabelBlock>(c, n);
+}
+// The class whose weight differs from the rest: a sparse row's label, none (-1) for others.
+template <typename Weights>
+TMO_SIMD_INLINE int64_t LabelOf(const Weights&) {
+  return -1;
+}
+TMO_SIMD_INLINE int64_t LabelOf(const SparseWeights& weights) { return weights.label; }
 
 // w_c = a_c ((1 - eps) t_c + eps / C) of a dense row.
 template <typename T>
@@ -338,16 +435,21 @@ TMO_SIMD_INLINE RowRange RowMaxAndRange(const T* z, int64_t num_classes) {
 // classes would not fit L1 beside the current one). The next row's memory latency is then
 // hidden behind this row's Exp. A prefetch never faults, so the last row of a range may name
 // memory past the tensor.
-template <bool kStoreE, typename T, bool kAnyRange = true>
+//
+// kShifted: the walk also sums z_c - max, the shifted sum S of custom_loss_math.h from which a
+// smoothed cross-entropy row takes its loss without a pass of its own (CrossEntropyFromSums).
+// Its terms are the Exp's own argument, one addition per vector; the padding lanes hold
+// max - max = 0. Its sum is a second LaneSum beside `others`, which stays the same bit for bit.
+template <bool kStoreE, typename T, bool kAnyRange = true, bool kShifted = false>
 struct ExpSumOp {
   const T* z;
   float* e_out;
   const T* next_z;
   VF max;
   VI ties;
-  // exp(z_c - max) of the classes below the maximum (the term of `others`).
+  // exp(z_c - max) of the classes below the maximum (the term of `others`), and z_c - max.
   template <bool kFull>
-  TMO_SIMD_INLINE VF Term(int64_t c, int64_t n) {
+  TMO_SIMD_INLINE auto Term(int64_t c, int64_t n) {
     __builtin_prefetch(next_z + c, /*rw=*/0, /*locality=*/2);
     const VF v = LoadBlock<kFull>(z + c, n, max[0]);
     VI tie = v == max;
@@ -359,16 +461,33 @@ struct ExpSumOp {
     }
     ties -= tie;  // tie lanes are -1
     if constexpr (kStoreE) StoreBlock<kFull>(e_out + c, e, n);
-    return DropIf(tie, e);
+    if constexpr (kShifted) {
+      return TermPair{DropIf(tie, e), v - max};
+    } else {
+      return DropIf(tie, e);
+    }
   }
 };
 
-template <bool kStoreE, bool kAnyRange, typename T>
-TMO_SIMD_INLINE std::pair<float, float> OthersAndTies(const T* z, int64_t num_classes, float max,
-                                                     float* e_out) {
-  ExpSumOp<kStoreE, T, kAnyRange> op{z, e_out, z + num_classes, Splat(max), SplatI(0)};
-  const float others_sum = SumOfBlocks(num_classes, op).Total();
-  return {others_sum, ReduceAdd(__builtin_convertvector(op.ties, VF))};
+// Pass 2's sums: `others`, `ties` and (kShifted) S = sum_c (z_c - max).
+struct ExpSums {
+  float others;
+  float ties;
+  float shifted;
+};
+template <bool kStoreE, bool kAnyRange, bool kShifted, typename T>
+TMO_SIMD_INLINE ExpSums OthersAndTies(const T* z, int64_t num_classes, float max, float* e_out) {
+  ExpSumOp<kStoreE, T, kAnyRange, kShifted> op{z, e_out, z + num_classes, Splat(max), SplatI(0)};
+  ExpSums sums{};
+  if constexpr (kShifted) {
+    const LaneSumPair both = SumOfBlocks(num_classes, op);
+    sums.others = both.first.Total();
+    sums.shifted = both.second.Total();
+  } else {
+    sums.others = SumOfBlocks(num_classes, op).Total();
+  }
+  sums.ties = ReduceAdd(__builtin_convertvector(op.ties, VF));
+  return sums;
 }
 
 // The row's softmax from pass 2's sums.
@@ -391,13 +510,33 @@ TMO_SIMD_INLINE RowSoftmax SoftmaxOfSums(float max, float others_sum, float ties
   return softmax;
 }
 
-template <bool kStoreE, typename T>
+// kShifted: S = sum_c (z_c - max) into *shifted (ExpSumOp).
+template <bool kStoreE, bool kShifted = false, typename T>
 TMO_SIMD_INLINE RowSoftmax RowExpSum(const T* z, int64_t num_classes, RowRange range,
-                                     float* e_out) {
-  const auto [others_sum, ties_sum] =
-      range.plain_exp ? OthersAndTies<kStoreE, false>(z, num_classes, range.max, e_out)
-                      : OthersAndTies<kStoreE, true>(z, num_classes, range.max, e_out);
-  return SoftmaxOfSums(range.max, others_sum, ties_sum);
+                                     float* e_out, float* shifted = nullptr) {
+  const ExpSums sums =
+      range.plain_exp ? OthersAndTies<kStoreE, false, kShifted>(z, num_classes, range.max, e_out)
+                      : OthersAndTies<kStoreE, true, kShifted>(z, num_classes, range.max, e_out);
+  if constexpr (kShifted) *shifted = sums.shifted;
+  return SoftmaxOfSums(range.max, sums.others, sums.ties);
+}
+
+// The loss of a sparse, smoothed cross-entropy row without class weights (gamma = 0, every
+// w_c = eps / C but the label's) from pass 2's S: custom_loss_math.h's cross-entropy sums, as
+// the Metal kernels take them, -loss = S' - W log_sum with W = (1 - eps) + (eps / C) C and
+// S' = (eps / C) S + (1 - eps) (z_y - max). Both parts are <= 0, so nothing cancels; the sums'
+// error is that of SumOfBlocks, as the loss terms' was (tests/test_vocabulary_scale.py).
+TMO_SIMD_INLINE float CrossEntropyFromSums(const RowsArgs& args, const RowSoftmax& sm, float z_y,
+                                           float shifted) {
+  const float label_weight = args.target_share;  // (1 - eps) a_y with a_y = 1
+  const float total = kernels::sparse_total_weight(label_weight, args.smoothing_share,
+                                                   args.sum_class_weights);
+  const float row_shifted =
+      args.smoothing_share * shifted + kernels::shifted_term(z_y, sm.max, label_weight);
+  kernels::RowLogSoftmax<float> ls;
+  ls.max = sm.max;
+  ls.log_sum = sm.log_sum;
+  return 0.0f - kernels::cross_entropy_neg_loss(ls, total, row_shifted);  // 0 - x: +0
 }
 
 // Where the gradient passes take e_c from: pass 2's stored values, or (rows whose statistics
@@ -477,9 +616,9 @@ struct CrossEntropyLossOp {
   const T* z;
   const Weights* weights;
   VF max, log_sum;
-  template <bool kFull>
+  template <bool kFull, bool kLabelBlock = true>
   TMO_SIMD_INLINE VF Term(int64_t c, int64_t n) {
-    const VF w = weights->template Get<kFull>(c, n);
+    const VF w = WeightsAt<kFull, kLabelBlock>(*weights, c, n);
     const VF lp = (LoadBlock<kFull>(z + c, n, 0.0f) - max) - log_sum;
     return KeepIf(w != Splat(0.0f), w * lp);  // w = 0: 0, not 0 * inf
   }
@@ -511,9 +650,9 @@ struct FocalTermsOp {
   float* g;
   float gamma;
   VF max, log_sum, inv_sum;
-  template <bool kFull>
+  template <bool kFull, bool kLabelBlock = true>
   TMO_SIMD_INLINE auto Term(int64_t c, int64_t n) {
-    const VF w = weights.template Get<kFull>(c, n);
+    const VF w = WeightsAt<kFull, kLabelBlock>(weights, c, n);
     const VF lp = (LoadBlock<kFull>(z + c, n, 0.0f) - max) - log_sum;
     const VF p = LoadBlock<kFull>(e + c, n, 0.0f) * inv_sum;
     const VF r = Splat(1.0f) - p;
@@ -559,13 +698,15 @@ struct FocalTermsOp {
   }
 };
 
+// Each variant is a function of its own: inlined together into FocalTerms, GCC kept the op's
+// pointers and constants on the stack and reloaded them in every vector of the loop.
 template <FocalOutputs kOutputs, bool kFold, GammaKind kGamma, bool kCheckScalar,
           bool kWeightsNonzero, bool kFiniteLp, typename T, typename Weights>
-TMO_SIMD_INLINE auto FocalTermsOf(const T* z, const Weights& weights, const SoftmaxLanes& sm,
-                                  const float* e, float* g, float gamma, int64_t length) {
+__attribute__((noinline)) auto FocalTermsOf(const T* z, const Weights& weights, const SoftmaxLanes& sm,
+                             const float* e, float* g, float gamma, int64_t length) {
   FocalTermsOp<kOutputs, kGamma, kCheckScalar, kWeightsNonzero, kFiniteLp, T, Weights> op{
       z, e, weights, g, gamma, sm.max, sm.log_sum, sm.inv_sum};
-  return SumOfBlocks<kFold>(length, op);
+  return SumOfBlocksAroundLabel<kFold>(length, op, LabelOf(weights));
 }
 
 // kFiniteLp is taken only where a pass computes both outputs (a forward writing the gradient,
@@ -629,7 +770,7 @@ LaneSum LossTerms(const T* z, const Weights& weights, const SoftmaxLanes& sm, co
                   float gamma, int64_t length) {
   if (gamma == 0.0f) {
     CrossEntropyLossOp<T, Weights> op{z, &weights, sm.max, sm.log_sum};
-    return SumOfBlocks<kFold>(length, op);
+    return SumOfBlocksAroundLabel<kFold>(length, op, LabelOf(weights));
   }
   return FocalTerms<FocalOutputs::kLoss, kFold>(z, weights, sm, e, nullptr, gamma, length);
 }
@@ -667,13 +808,14 @@ struct ScaleOp {
 template <typename T, typename Weights, typename ESource>
 struct CrossEntropyGradOp {
   ESource e;
-  const Weights* weights;
+  Weights weights;  // a copy: its fields stay in registers across the stores to `grad`
   T* grad;
   VF inv_sum, total, upstream;
-  template <bool kFull>
+  template <bool kFull, bool kLabelBlock = true>
   TMO_SIMD_INLINE void Block(int64_t c, int64_t n) {
     const VF p = e.template Get<kFull>(c, n) * inv_sum;
-    StoreBlock<kFull>(grad + c, upstream * (p * total - weights->template Get<kFull>(c, n)), n);
+    StoreBlock<kFull>(grad + c,
+                      upstream * (p * total - WeightsAt<kFull, kLabelBlock>(weights, c, n)), n);
   }
 };
 
@@ -718,9 +860,9 @@ struct RowKernel {
   template <typename ESource>
   void GradientCrossEntropy(const Weights& weights, const RowSoftmax& sm, const ESource& e,
                             float upstream, T* grad) const {
-    CrossEntropyGradOp<T, Weights, ESource> op{e, &weights, grad, Splat(sm.inv_sum),
+    CrossEntropyGradOp<T, Weights, ESource> op{e, weights, grad, Splat(sm.inv_sum),
                                                Splat(weights.Sum(num_classes)), Splat(upstream)};
-    ForEachBlock(num_classes, op);
+    ForEachBlockAroundLabel(num_classes, op, LabelOf(weights));
   }
 
   // Gradient of a general focal row: g_c into `g`, G = sum, then d/dz_j = p_j G - g_j.
@@ -836,6 +978,10 @@ void ComputeRowsTyped(const RowsArgs& args, int64_t begin, int64_t end) {
   // Focal rows weighing more than the labelled class: their passes read e_c twice (forward:
   // the sum, then the loss terms; gradient: g_c, then d/dz), so e_c is stored.
   const bool general_focal = !only_labelled && !gamma_zero;
+  // Smoothed sparse cross-entropy rows without class weights take their loss from a sum that
+  // pass 2 carries (CrossEntropyFromSums), not from a pass of loss terms.
+  const bool loss_from_sums =
+      !kDense && !only_labelled && gamma_zero && args.class_weights == nullptr;
 
   // Float gradients keep e_c in the output row itself; the rest needs float buffers of C.
   bool need_e = false;
@@ -905,9 +1051,18 @@ void ComputeRowsTyped(const RowsArgs& args, int64_t begin, int64_t end) {
     if (forward) {
       const RowRange range = RowMaxAndRange(z, num_classes);
       // The scaled gradient's last pass reads e_c, as a focal row's loss terms do.
-      const RowSoftmax sm = general_focal || scaled_gradient
-                                ? RowExpSum<true>(z, num_classes, range, e)
-                                : RowExpSum<false>(z, num_classes, range, nullptr);
+      const bool store_e = general_focal || scaled_gradient;
+      float shifted = 0.0f;  // S of a row whose loss comes from sums
+      float z_y = 0.0f;
+      RowSoftmax sm;
+      if (loss_from_sums) {
+        z_y = Load(z[label]);  // read before pass 2 may store e_c
+        sm = store_e ? RowExpSum<true, true>(z, num_classes, range, e, &shifted)
+                     : RowExpSum<false, true>(z, num_classes, range, nullptr, &shifted);
+      } else {
+        sm = store_e ? RowExpSum<true>(z, num_classes, range, e)
+                     : RowExpSum<false>(z, num_classes, range, nullptr);
+      }
       float loss = 0.0f;
       // A focal row's loss terms and g_c come from one pass over z_c and e_c (both need the
       // same lp_c, p_c and r_c); only the gradient pass after it writes (over the logits, in
@@ -915,6 +1070,8 @@ void ComputeRowsTyped(const RowsArgs& args, int64_t begin, int64_t end) {
       const bool loss_with_gradient = scaled_gradient && general_focal;
       if (only_labelled) {
         loss = 0.0f - kernels::loss_term(sm.LogP(Load(z[labelled_only])), w_y, args.gamma);
+      } else if (loss_from_sums) {
+        loss = CrossEntropyFromSums(args, sm, z_y, shifted);
       } else if (loss_with_gradient) {
         loss = kernel.LossAndGradientFocal(z, weights, sm, range, e, g_buffer,
                                            args.row_scales[row], grad);
