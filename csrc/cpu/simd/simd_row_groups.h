@@ -64,9 +64,12 @@ struct GroupDenseWeights {
 };
 
 // tile[c * kLanes + i] = rows[i][c] for the first `num_rows` rows; the other lanes are 0. A full
-// group is moved kLanes classes at a time, as square blocks transposed in registers (the last
-// block loads only the row's remaining classes): copied element by element, the transposition
-// cost more than all the arithmetic on the tile.
+// group is moved kLanes classes at a time, as square blocks transposed in registers: copied
+// element by element, the transposition cost more than all the arithmetic on the tile. The
+// classes past the last whole block are one more block of masked loads where those are cheap
+// (AVX-512: at 16 lanes, rows of fewer than 16 classes are all tail); elsewhere they are copied
+// element by element, which on AVX2 took less time than a block ending at the row's end
+// (overlapping the one before it) and its transposition.
 template <typename T>
 TMO_SIMD_INLINE void LoadTile(const T* rows, int64_t num_rows, int64_t num_classes, float* tile) {
   if (num_rows == kLanes) {
@@ -77,11 +80,21 @@ TMO_SIMD_INLINE void LoadTile(const T* rows, int64_t num_rows, int64_t num_class
       Transpose(block);
       for (int j = 0; j < kLanes; ++j) StoreFull(tile + (c + j) * kLanes, block[j]);
     }
+#if defined(TMO_SIMD_AVX512)
+    if (c < num_classes) {
+      const int64_t rest = num_classes - c;
+      VF block[kLanes];
+      for (int i = 0; i < kLanes; ++i) block[i] = LoadN(rows + i * num_classes + c, rest, 0.0f);
+      Transpose(block);
+      for (int64_t j = 0; j < rest; ++j) StoreFull(tile + (c + j) * kLanes, block[j]);
+    }
+#else
     for (; c < num_classes; ++c) {
       VF v;
       for (int i = 0; i < kLanes; ++i) v[i] = Load(rows[i * num_classes + c]);
       StoreFull(tile + c * kLanes, v);
     }
+#endif
     return;
   }
   for (int64_t i = 0; i < kLanes; ++i) {
@@ -93,7 +106,7 @@ TMO_SIMD_INLINE void LoadTile(const T* rows, int64_t num_rows, int64_t num_class
 }
 
 // rows[i][c] = tile[c * kLanes + i] for the first `num_rows` rows, +0 for the rows marked in
-// `zeroed` (ignored rows): LoadTile's transposition backwards.
+// `zeroed` (ignored rows): LoadTile's transposition backwards, its last block too.
 template <typename T>
 TMO_SIMD_INLINE void StoreTile(const float* tile, int64_t num_rows, int64_t num_classes,
                                const bool* zeroed, T* rows) {
@@ -107,10 +120,22 @@ TMO_SIMD_INLINE void StoreTile(const float* tile, int64_t num_rows, int64_t num_
       Transpose(block);
       for (int i = 0; i < kLanes; ++i) StoreFull(rows + i * num_classes + c, block[i]);
     }
+#if defined(TMO_SIMD_AVX512)
+    if (c < num_classes) {
+      const int64_t rest = num_classes - c;
+      VF block[kLanes];
+      for (int j = 0; j < kLanes; ++j) {
+        block[j] = j < rest ? KeepIf(keep, LoadFull(tile + (c + j) * kLanes)) : Splat(0.0f);
+      }
+      Transpose(block);
+      for (int i = 0; i < kLanes; ++i) StoreN(rows + i * num_classes + c, block[i], rest);
+    }
+#else
     for (; c < num_classes; ++c) {
       const VF v = KeepIf(keep, LoadFull(tile + c * kLanes));
       for (int i = 0; i < kLanes; ++i) Store(v[i], &rows[i * num_classes + c]);
     }
+#endif
     return;
   }
   for (int64_t i = 0; i < num_rows; ++i) {
