@@ -19,6 +19,8 @@ forward + backward under
                     our kernels (csrc/cpu/memory_floor.h), into a buffer allocated once
     tf_floor        the same traffic as TensorFlow ops (reduce_sum(z) and z * 0.5), which also
                     allocate a fresh N x C output each step as every loss here does
+    tf_call         a tf.function that moves no data (a constant and the logits handed back):
+                    the fixed cost of calling a step, which every case above but `floor` pays
 
 Ours run as in training: CustomLoss's mean is a reduced loss, whose forward op also computes
 the gradient (csrc/problem.h); the backward only hands it on.
@@ -106,6 +108,7 @@ CASES = (
               "per element: 12 B in float32)"),
     ("tf_floor", "the same bytes as TensorFlow ops (reduce_sum(z), z * 0.5) under "
                  "tf.function: adds what allocating a fresh N x C output costs"),
+    ("tf_call", "a tf.function call that moves no data: the fixed cost of a step"),
 )
 # (ratio name, numerator case, denominator case): speed-ups of ours and distances to the floor.
 RATIOS = (
@@ -118,6 +121,7 @@ RATIOS = (
     ("ours_focal / floor", "ours_focal", "floor"),
     ("ours_ce / tf_floor", "ours_ce", "tf_floor"),
     ("ours_focal / tf_floor", "ours_focal", "tf_floor"),
+    ("tf_call / floor", "tf_call", "floor"),
 )
 MEMORY_CASES = ("ours_focal", "keras_focal")
 XLA_SUFFIX = "_xla"  # a case compiled with XLA: the loss of the case without the suffix
@@ -306,6 +310,24 @@ def _tf_floor_step(logits) -> Callable:
     return run
 
 
+def _tf_call_step(logits) -> Callable:
+    """A step's call with no work in it, shaped as the others (the logits in, a scalar and an
+    N x C tensor out, the scalar read back): what a step costs before it moves a byte. Where it
+    is near the floor (few bytes per step), no step through tf.function can come near the floor."""
+    import tensorflow as tf
+
+    @tf.function
+    def step(z):
+        return tf.constant(0.0), z
+
+    def run() -> None:
+        total, same = step(logits)
+        total.numpy()
+        del same
+
+    return run
+
+
 class _Progress:
     """A one-line progress bar on stderr (a plain line per size when stderr is not a terminal)."""
 
@@ -347,7 +369,8 @@ def time_size(rows: int, cols: int, repeats: int, progress: _Progress,
     With a `counter`, each case runs once more, counted: its instructions per element."""
     logits_np, logits, labels = _make_inputs(rows, cols, dtype=dtype)
     itemsize = logits.dtype.size
-    fns = _loss_fns(labels, cols, [c for c in cases if c not in ("floor", "tf_floor")], dtype)
+    fns = _loss_fns(labels, cols, [c for c in cases if c not in ("floor", "tf_floor", "tf_call")],
+                    dtype)
     runners: Dict[str, Callable[[], None]] = {}
     for name, fn in fns.items():
         step = _step(fn, jit_compile=name.endswith(XLA_SUFFIX))
@@ -367,6 +390,8 @@ def time_size(rows: int, cols: int, repeats: int, progress: _Progress,
         runners["floor"] = _floor_step(np.ascontiguousarray(rows_of_bytes))
     if "tf_floor" in cases:
         runners["tf_floor"] = _tf_floor_step(logits)
+    if "tf_call" in cases:
+        runners["tf_call"] = _tf_call_step(logits)
 
     errors: Dict[str, str] = {}
     for name in list(runners):  # trace and warm up outside the timing
