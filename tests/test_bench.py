@@ -134,6 +134,21 @@ def test_bench_usage_errors_exit_2(argv, capsys):
     assert "usage" in capsys.readouterr().err
 
 
+def test_bench_orders_run_every_case_once_and_vary_each_ones_predecessor():
+    """A case always run after the same one pays for that one's freed memory in every repeat:
+    the order is shuffled per repeat (reproducibly), so each case follows several others."""
+    names = [name for name, _ in bench.CASES]
+    orders = bench.run_orders(names, 20, seed=7)
+    assert len(orders) == 20
+    assert all(sorted(order) == sorted(names) for order in orders)
+    assert orders == bench.run_orders(names, 20, seed=7)
+    predecessors = {name: set() for name in names}
+    for order in orders:
+        for before, name in zip(order, order[1:]):
+            predecessors[name].add(before)
+    assert all(len(seen) >= 3 for seen in predecessors.values()), predecessors
+
+
 def test_memory_floor_passes_do_the_traffic_they_claim():
     from tf_metal_ops import _native
 

@@ -25,10 +25,12 @@ forward + backward under
 Ours run as in training: CustomLoss's mean is a reduced loss, whose forward op also computes
 the gradient (csrc/problem.h); the backward only hands it on.
 
-interleaved (every repeat runs every case once, in a rotating order, so a busy moment on a
-shared machine hits all of them alike) and reports medians and the ratios the performance
-issue asks for: anchor / ours (how many times faster we are) and ours / floor (how far from what
-the memory system allows). With `--memory` (on by default outside `--quick`) it also measures
+The cases are timed interleaved (every repeat runs every case once, in an order shuffled anew
+with a fixed seed, so a busy moment on a shared machine hits all of them alike and no case always
+follows the same one: a case run right after one that allocates and frees much pays for it) and
+the report gives medians and the ratios the performance issue asks for: anchor / ours (how many
+times faster we are) and ours / floor (how far from what the memory system allows). With
+`--memory` (on by default outside `--quick`) it also measures
 the peak extra memory of one forward + backward step, ours against Keras's focal loss, each in
 a fresh subprocess: peak resident memory during the step minus resident memory just before it;
 and the same over 5 steps of a language model's head (`h @ W + b`, h [8192, 512], W [512, 32000],
@@ -70,6 +72,7 @@ import gc
 import json
 import os
 import platform
+import random
 import statistics
 import sys
 import time
@@ -360,6 +363,20 @@ class _Progress:
             sys.stderr.flush()
 
 
+def run_orders(names: Sequence[str], repeats: int, seed: int) -> List[List[str]]:
+    """The order of the cases in each repeat: every case once, shuffled anew with a fixed seed.
+    A rotation would keep each case's predecessor, and a case always run right after one that
+    allocates and frees much pays for it in every repeat (CustomLoss() after Keras's focal loss
+    took 1.25x its smoothed twin's time at 65536 x 10, whose kernel takes the same time)."""
+    rng = random.Random(seed)
+    orders = []
+    for _ in range(repeats):
+        order = list(names)
+        rng.shuffle(order)
+        orders.append(order)
+    return orders
+
+
 def time_size(rows: int, cols: int, repeats: int, progress: _Progress,
               cases: Sequence[str] = tuple(name for name, _ in CASES),
               dtype: str = "float32",
@@ -403,9 +420,8 @@ def time_size(rows: int, cols: int, repeats: int, progress: _Progress,
         progress.step(f"{rows}x{cols} warm-up {name}")
     names = list(runners)
     times: Dict[str, List[float]] = {name: [] for name in names}
-    for repeat in range(repeats):
-        shift = repeat % len(names)
-        for name in names[shift:] + names[:shift]:
+    for order in run_orders(names, repeats, seed=rows * 1_000_003 + cols):
+        for name in order:
             start = time.perf_counter()
             runners[name]()
             times[name].append(time.perf_counter() - start)
