@@ -154,7 +154,13 @@ def native_extension(
     # `p * total - w` fuses depends on inlining context, so the same formula in two code paths
     # (a gradient given the forward's row statistics, or not) could round differently.
     # tests/test_simd_math.py builds with the same flag.
-    extra_compile_args = ["-O3", "-fno-strict-aliasing", "-ffp-contract=off"]
+    # TF_METAL_OPS_OPTIMIZE replaces -O3 for builds that are not for speed: the sanitizer build
+    # (tests/sanitizer/build_and_run.sh) takes -O1, at which its instrumented compile of the
+    # vectorized row kernels takes far less time.
+    optimize = os.environ.get("TF_METAL_OPS_OPTIMIZE", "-O3")
+    if optimize not in ("-O0", "-O1", "-O2", "-O3"):
+        sys.exit(f"TF_METAL_OPS_OPTIMIZE must be one of -O0, -O1, -O2, -O3, got {optimize!r}")
+    extra_compile_args = [optimize, "-fno-strict-aliasing", "-ffp-contract=off"]
     extra_link_args = []
     include_dirs = [str(ROOT), str(include_dir)]
     if target != LINUX:

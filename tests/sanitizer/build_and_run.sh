@@ -24,6 +24,9 @@
 #   detect_leaks=0: Python and TensorFlow keep many allocations alive until exit on purpose;
 #     leak reports would be noise (tests/test_robustness.py measures leaks directly).
 #   halt_on_error=1, -fno-sanitize-recover=all: the first finding stops the process.
+#   -O1 (TF_METAL_OPS_OPTIMIZE, in place of the release build's -O3): instrumented at -O3, the
+#     vectorized row kernels' three instruction-set variants took most of this job's time to
+#     compile (docs/performance.md, "CI").
 #   float-cast-overflow (not part of gcc's -fsanitize=undefined): a NaN or huge float turned
 #     into an integer is undefined behaviour too.
 #   TF_METAL_OPS_KERNEL_SANITIZE=address and TF_METAL_OPS_CLANG=$CXX: metal_kernel's JIT-compiled
@@ -67,7 +70,7 @@ SANITIZE="-fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover
   cd "$ROOT"
   # CFLAGS reach C++ compiles on older setuptools, CXXFLAGS on newer ones; both are harmless.
   # --force: objects of an earlier build in a reused SANITIZER_WORK may have other flags.
-  CC="$CXX" CXX="$CXX" CFLAGS="$SANITIZE" CXXFLAGS="$SANITIZE" \
+  CC="$CXX" CXX="$CXX" CFLAGS="$SANITIZE" CXXFLAGS="$SANITIZE" TF_METAL_OPS_OPTIMIZE=-O1 \
     LDFLAGS="-fsanitize=address,undefined,float-cast-overflow" \
     "$PYTHON" setup.py -q build_ext --force --build-lib "$WORK/lib" --build-temp "$WORK/obj"
 )
