@@ -106,18 +106,22 @@ def test_row_groups_match_reference(dtype, classes):
     _check_groups(dtype, classes)
 
 
-@pytest.mark.baseline_isa
-def test_portable_variant_matches_reference():
-    """Runs the tail and group tests above in a process that uses the baseline (SSE2 / NEON)
-    variant."""
-    run_on_portable_isa("test_cpu_kernels", """
+# The tail and group tests above, as a child process runs them on a narrower variant.
+VARIANT_CHECKS = """
         for dtype in (tf.float32, tf.float16, tf.bfloat16):
             for classes in t.CLASS_COUNTS:
                 for gamma, eps in t.SETTINGS:
                     t._check(dtype, classes, gamma, eps)
             for classes in t.GROUP_CLASS_COUNTS:
                 t._check_groups(dtype, classes)
-    """, timeout=600)
+    """
+
+
+@pytest.mark.baseline_isa
+def test_portable_variant_matches_reference():
+    """Runs the tail and group tests above in a process that uses the baseline (SSE2 / NEON)
+    variant."""
+    run_on_portable_isa("test_cpu_kernels", VARIANT_CHECKS, timeout=600)
 
 
 def _skip_unless_default_is_avx512() -> None:
@@ -130,14 +134,7 @@ def _skip_unless_default_is_avx512() -> None:
 def test_avx2_variant_matches_reference():
     """The tail and group tests above on the AVX2 variant, where the CPU's default is AVX-512."""
     _skip_unless_default_is_avx512()
-    run_on_isa("avx2", "test_cpu_kernels", """
-        for dtype in (tf.float32, tf.float16, tf.bfloat16):
-            for classes in t.CLASS_COUNTS:
-                for gamma, eps in t.SETTINGS:
-                    t._check(dtype, classes, gamma, eps)
-            for classes in t.GROUP_CLASS_COUNTS:
-                t._check_groups(dtype, classes)
-    """, timeout=600)
+    run_on_isa("avx2", "test_cpu_kernels", VARIANT_CHECKS, timeout=600)
 
 
 @pytest.mark.parametrize("dtype", [tf.float32, tf.float16, tf.bfloat16, tf.float64])
