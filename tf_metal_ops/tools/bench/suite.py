@@ -367,7 +367,7 @@ def run_orders(names: Sequence[str], repeats: int, seed: int) -> List[List[str]]
     """The order of the cases in each repeat: every case once, shuffled anew with a fixed seed.
     A rotation would keep each case's predecessor, and a case always run right after one that
     allocates and frees much pays for it in every repeat (CustomLoss() after Keras's focal loss
-    took 1.25x its smoothed twin's time at 65536 x 10, whose kernel takes the same time)."""
+    did, docs/performance.md has the figures)."""
     rng = random.Random(seed)
     orders = []
     for _ in range(repeats):
