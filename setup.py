@@ -11,6 +11,7 @@ the supported versions, so one build serves every one of them.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import importlib.util
 import os
@@ -18,6 +19,7 @@ import platform
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from pybind11.setup_helpers import ParallelCompile, Pybind11Extension, build_ext
@@ -242,7 +244,132 @@ def kernel_library_macro(precompiled: bool) -> tuple:
 EMULATOR_DIR = ROOT / "csrc" / "emulator"
 
 
-class PackagedBuildExt(build_ext):
+# --- Objects reused across builds ---------------------------------------------------------------
+# pip compiles in a fresh temporary directory on every install, so the README's second command
+# (`pip install -e ".[cpu,test]"` after the first's `.[cpu,demo]`) and CI's wheel would compile
+# every object again: about four minutes on two cores, nearly all of it the vectorized row
+# kernels. ccache would skip those compiles, but it is a system package and the README's commands
+# need Python alone; pybind11's own `needs_recompile` hook sees only file times, which do not
+# survive a fresh directory and miss a changed flag. So the build keeps its objects in
+# build/object-cache/ (ignored by git, like the rest of build/), keyed as ccache's preprocessor
+# mode keys them: the compiler (its --version), the compile command without its include
+# directories, and the source's preprocessed text, which holds every header's content whichever
+# directory it came from (pip's isolated build environment puts TensorFlow somewhere new each
+# time). `setup.py build_ext --force` neither reads nor writes the cache; deleting build/ empties it.
+OBJECT_CACHE_DIR = ROOT / "build" / "object-cache"
+# The least recently used objects go once the cache holds more than this.
+OBJECT_CACHE_MAX_BYTES = 1 << 30
+INCLUDE_FLAGS = ("-I", "-isystem", "-iquote", "-idirafter")
+
+
+def compile_command(compiler, source: str, cc_args: list, extra_postargs: list) -> list:
+    """The command distutils' Unix compiler runs for `source`, without its `-c src -o obj`."""
+    driver = compiler.compiler_so
+    if compiler.detect_language(source) == "c++" and getattr(compiler, "compiler_so_cxx", None):
+        driver = compiler.compiler_so_cxx
+    return [*driver, *(a for a in cc_args if a != "-c"), *extra_postargs]
+
+
+def without_include_dirs(command: list) -> list:
+    kept, skip_next = [], False
+    for argument in command:
+        if skip_next:
+            skip_next = False
+        elif argument in INCLUDE_FLAGS:
+            skip_next = True
+        elif not argument.startswith(INCLUDE_FLAGS):
+            kept.append(argument)
+    return kept
+
+
+class ObjectCache:
+    """Compiled objects by the hash of everything that decides their bytes (see above)."""
+
+    def __init__(self, directory: Path, max_bytes: int = OBJECT_CACHE_MAX_BYTES):
+        self.directory = directory
+        self.max_bytes = max_bytes
+        self.reused = 0
+        self.compiled = 0
+        self._compiler_versions: dict = {}
+
+    def key(self, command: list, source: str):
+        """The object's key, or None when the compiler cannot preprocess `source` (the compile
+        then runs uncached and reports its own error)."""
+        if command[0] not in self._compiler_versions:
+            try:
+                version = subprocess.run([command[0], "--version"], capture_output=True,
+                                         text=True, check=True).stdout
+            except (OSError, subprocess.CalledProcessError):
+                return None
+            self._compiler_versions[command[0]] = version
+        try:
+            preprocessed = subprocess.run([*command, "-E", "-P", source], capture_output=True,
+                                          check=True).stdout
+        except (OSError, subprocess.CalledProcessError):
+            return None
+        digest = hashlib.sha256()
+        for part in (self._compiler_versions[command[0]], *without_include_dirs(command),
+                     Path(source).name):
+            digest.update(part.encode() + b"\0")
+        digest.update(preprocessed)
+        return digest.hexdigest()
+
+    def compile(self, compile_one, obj, src, ext, cc_args, extra_postargs, pp_opts) -> None:
+        """distutils' `_compile`, with the object taken from the cache when it is there."""
+        key = self.key(compile_command(self._compiler, src, cc_args, extra_postargs), src)
+        cached = self.directory / f"{key}.o"
+        if key is not None and cached.exists():
+            Path(obj).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(cached, obj)
+            os.utime(cached)  # recently used: pruned last
+            self.reused += 1
+            return
+        compile_one(obj, src, ext, cc_args, extra_postargs, pp_opts)
+        self.compiled += 1
+        if key is not None:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            # Written whole, then renamed: a concurrent build never sees half an object.
+            partial = cached.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+            shutil.copyfile(obj, partial)
+            os.replace(partial, cached)
+
+    def install(self, compiler) -> None:
+        """Routes `compiler`'s per-object compiles (pybind11's ParallelCompile calls `_compile`
+        for each object, on its threads) through the cache."""
+        self._compiler = compiler
+        compile_one = compiler._compile
+
+        def cached_compile(obj, src, ext, cc_args, extra_postargs, pp_opts):
+            self.compile(compile_one, obj, src, ext, cc_args, extra_postargs, pp_opts)
+
+        compiler._compile = cached_compile
+
+    def prune(self) -> None:
+        objects = sorted(self.directory.glob("*.o"), key=lambda p: p.stat().st_mtime, reverse=True)
+        total = 0
+        for path in objects:
+            total += path.stat().st_size
+            if total > self.max_bytes:
+                path.unlink()
+
+
+class CachingBuildExt(build_ext):
+    """build_ext that reuses objects from build/object-cache/ (above), unless --force."""
+
+    def build_extensions(self) -> None:
+        if self.force or self.compiler.compiler_type != "unix":
+            super().build_extensions()
+            return
+        cache = ObjectCache(OBJECT_CACHE_DIR)
+        cache.install(self.compiler)
+        super().build_extensions()
+        cache.prune()
+        if cache.reused + cache.compiled:  # (none when build_ext found the library up to date)
+            print(f"tf_metal_ops: {cache.reused} of {cache.reused + cache.compiled} objects "
+                  f"reused from {OBJECT_CACHE_DIR}")
+
+
+class PackagedBuildExt(CachingBuildExt):
     """build_ext that also installs the MSL emulator's sources next to the library."""
 
     def build_extension(self, ext) -> None:
