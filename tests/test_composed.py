@@ -220,14 +220,34 @@ def test_composed_under_xla_matches_the_reference_on_the_check_matrix(dtype):
     assert _counts()[loss_path.COMPOSED_XLA] == before + len(checks.CASES)
 
 
-def test_composed_long_row_sums_match_the_reference_on_the_check_matrix(monkeypatch):
+@pytest.mark.parametrize("pair_sum", [True, False], ids=["complex_pair_sum", "separate_sums"])
+def test_composed_long_row_sums_match_the_reference_on_the_check_matrix(monkeypatch, pair_sum):
     # The check matrix's rows are short, so they take the stacked reduction; with no row short
-    # enough, the same cases go through the separate reductions long rows take.
+    # enough, the same cases go through the reductions long rows take: the share and the tie
+    # count as one complex sum (small batches), or one float sum each (large ones).
     from tf_metal_ops import composed
 
     monkeypatch.setattr(composed, "_SHORT_ROW", 0)
+    monkeypatch.setattr(composed, "_PAIR_SUM_MAX_BYTES", 1 << 40 if pair_sum else -1)
+    taken = []
+    choose = composed._pair_sum_fits
+    monkeypatch.setattr(composed, "_pair_sum_fits", lambda z: taken.append(choose(z)) or taken[-1])
     for case in checks.CASES:
         _run_case(case, "float32", jit_compile=True)
+    assert taken and set(taken) == {pair_sum}
+
+
+def test_long_rows_of_a_large_or_unknown_batch_take_separate_sums():
+    from tf_metal_ops import composed
+
+    assert composed._pair_sum_fits(tf.zeros([4096, 1000]))            # 32.8 MB of complex64
+    assert not composed._pair_sum_fits(tf.zeros([512, 32000]))        # 131 MB
+    assert not composed._pair_sum_fits(tf.zeros([4096, 1000], tf.float64))  # 65.5 MB
+    unknown_batch = tf.TensorSpec([None, 1000], tf.float32)
+    seen = []
+    tf.function(lambda z: seen.append(composed._pair_sum_fits(z)) or z,
+                input_signature=[unknown_batch]).get_concrete_function()
+    assert seen == [False]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -51,6 +51,19 @@ def _short_rows(z: tf.Tensor) -> bool:
     return z.shape[-1] is not None and z.shape[-1] <= _SHORT_ROW
 
 
+# Long rows take their share and tie count as one complex sum while its N x C complex terms take
+# at most this many bytes: glibc's largest mmap threshold. A larger temporary is a fresh mapping
+# on every step, and faulting its pages in cost more than the pass the complex sum saves
+# (docs/performance.md, "Under XLA": 1.36x Keras's step at 65536 x 1000 on a VM whose page
+# faults are slow, 1.00x with separate sums). A batch of unknown size counts as large.
+_PAIR_SUM_MAX_BYTES = 32 << 20
+
+
+def _pair_sum_fits(z: tf.Tensor) -> bool:
+    elements = z.shape.num_elements()
+    return elements is not None and 2 * elements * z.dtype.size <= _PAIR_SUM_MAX_BYTES
+
+
 def _row_log_softmax(z: tf.Tensor, shift_weights: Optional[tf.Tensor] = None,
                      with_shifted_sum: bool = False,
                      nan_rows: Optional[tf.Tensor] = None) -> tuple[tf.Tensor, ...]:
@@ -74,7 +87,7 @@ def _row_log_softmax(z: tf.Tensor, shift_weights: Optional[tf.Tensor] = None,
         # Short rows: one reduction over the stacked terms, which XLA compiles as one loop
         # reading the row once for all the sums.
         sums = tf.unstack(tf.reduce_sum(tf.stack(parts), axis=-1))
-    else:
+    elif _pair_sum_fits(z):
         # Long rows: XLA splits each reduction into partial sums over windows, and would first
         # write the stacked terms out whole (3 x N x C); separate reductions do not. The share
         # and the tie count are the two parts of one complex sum (each part summed alone, as
@@ -83,6 +96,12 @@ def _row_log_softmax(z: tf.Tensor, shift_weights: Optional[tf.Tensor] = None,
         pair = tf.reduce_sum(tf.complex(parts[0], parts[1]), axis=-1)
         sums = [tf.math.real(pair), tf.math.imag(pair)]
         sums += [tf.reduce_sum(part, axis=-1) for part in parts[2:]]
+    else:
+        # Long rows of a large batch: one reduction per sum. Where XLA writes the complex
+        # terms out, they are a temporary of twice the logits' bytes, fresh pages on every
+        # step (see _PAIR_SUM_MAX_BYTES); one float sum at a time fits in the buffer the one
+        # before freed.
+        sums = [tf.reduce_sum(part, axis=-1) for part in parts]
     others, ties = sums[0], sums[1]
     # No tie (ties = 0) only in a row of -inf logits, where others = 0 and log1p(-1) = -inf =
     # log(0), or in a row with a NaN, where others is NaN: one log1p serves every row. Under
