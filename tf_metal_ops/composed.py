@@ -52,10 +52,11 @@ def _short_rows(z: tf.Tensor) -> bool:
 
 
 # Long rows take their share and tie count as one complex sum while its N x C complex terms take
-# at most this many bytes: glibc's largest mmap threshold. A larger temporary is a fresh mapping
+# at most this many bytes: glibc's largest mmap threshold. Where TensorFlow's CPU allocator does
+# not cache (oneDNN off, the default on most x86-64 CPUs), a larger temporary is a fresh mapping
 # on every step, and faulting its pages in cost more than the pass the complex sum saves
-# (docs/performance.md, "Under XLA": 1.36x Keras's step at 65536 x 1000 on a VM whose page
-# faults are slow, 1.00x with separate sums). A batch of unknown size counts as large.
+# (docs/performance.md, "Under XLA": 1.36x Keras's step at 65536 x 1000, 1.00x with separate
+# sums). A batch of unknown size counts as large.
 _PAIR_SUM_MAX_BYTES = 32 << 20
 
 

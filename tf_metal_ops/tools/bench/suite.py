@@ -601,7 +601,18 @@ def environment() -> Dict[str, Any]:
         "tf_cpu_allocator": ("bfc" if os.environ.get("TF_CPU_ALLOCATOR_USE_BFC", "").lower()
                              in ("1", "true") else "default"),
         "tf_enable_onednn_opts": os.environ.get("TF_ENABLE_ONEDNN_OPTS", "unset"),
+        "tf_onednn": _onednn_state(),
     }
+
+
+def _onednn_state() -> str:
+    """"on" or "off": whether TensorFlow runs with oneDNN here, which it decides by itself from
+    the CPU when TF_ENABLE_ONEDNN_OPTS is unset; "unknown" where TensorFlow does not say."""
+    try:
+        from tensorflow.python.util import _pywrap_util_port
+    except ImportError:
+        return "unknown"
+    return "on" if _pywrap_util_port.IsMklEnabled() else "off"
 
 
 def _format_sizes(sizes) -> List[str]:
@@ -647,9 +658,13 @@ def format_table(report: Dict[str, Any]) -> str:
         "forward + backward under tf.function, "
         "medians of interleaved runs (ms)",
     ]
-    if env.get("tf_cpu_allocator") == "bfc" or env.get("tf_enable_onednn_opts", "unset") != "unset":
-        lines.append(f"  memory: TensorFlow's CPU allocator {env.get('tf_cpu_allocator')}, "
-                     f"TF_ENABLE_ONEDNN_OPTS={env.get('tf_enable_onednn_opts')}")
+    # Whether a fresh N x C tensor is reused memory or fresh pages: on some machines the page
+    # faults of a fresh gradient cost more than the loss's kernels (docs/performance.md).
+    memory_line = (f"  memory: TensorFlow's CPU allocator {env.get('tf_cpu_allocator')}, "
+                   f"oneDNN {env.get('tf_onednn', 'unknown')}")
+    if env.get("tf_enable_onednn_opts", "unset") != "unset":
+        memory_line += f" (TF_ENABLE_ONEDNN_OPTS={env.get('tf_enable_onednn_opts')})"
+    lines.append(memory_line)
     sizes = report["sizes"]
     if sizes and "instruction_counter" in env:
         lines.append(f"  instruction counts: {env['instruction_counter']}")
