@@ -41,8 +41,11 @@
 #define TF_METAL_OPS_SIMD_LANES 4
 #endif
 
+// The kernels without their entry points (simd_entry_points.h), which would compile every
+// instance of the row kernels where this check needs a few of their terms.
 namespace tf_metal_ops {
-#include "csrc/cpu/simd/simd_kernels.h"
+#include "csrc/cpu/simd/simd_vector.h"
+#include "csrc/cpu/simd/simd_rows.h"
 }  // namespace tf_metal_ops
 
 namespace {

@@ -1108,22 +1108,3 @@ void ComputeRowsTyped(const RowsArgs& args, int64_t begin, int64_t end) {
     kernel.Gradient(z, labelled_only, w_y, weights, sm, StoredE{e}, e, g_buffer, upstream, grad);
   }
 }
-
-// One storage type's rows, by label kind (dense targets share the logits' type).
-template <typename T>
-void ComputeRowsOfType(const RowsArgs& args, int64_t begin, int64_t end) {
-  switch (args.label_kind) {
-    case LabelKind::kSparseInt32: return ComputeRowsTyped<T, int32_t>(args, begin, end);
-    case LabelKind::kSparseInt64: return ComputeRowsTyped<T, int64_t>(args, begin, end);
-    case LabelKind::kDense: return ComputeRowsTyped<T, T>(args, begin, end);
-  }
-}
-
-// The entry point of this ISA's variant (declared in rows_dispatch.h).
-void ComputeRows(const RowsArgs& args, int64_t begin, int64_t end) {
-  switch (args.type) {
-    case StorageType::kFloat: return ComputeRowsOfType<float>(args, begin, end);
-    case StorageType::kHalf: return ComputeRowsOfType<Half>(args, begin, end);
-    case StorageType::kBFloat16: return ComputeRowsOfType<BFloat16>(args, begin, end);
-  }
-}

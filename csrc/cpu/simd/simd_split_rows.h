@@ -273,31 +273,3 @@ bool ComputeSplitRowsTyped(const RowsArgs& args, int64_t num_rows, int threads,
     return true;
   }
 }
-
-// One storage type's batch, by label kind.
-template <typename T>
-bool ComputeSplitRowsOfType(const RowsArgs& args, int64_t num_rows, int threads,
-                            ParallelTasks parallel) {
-  switch (args.label_kind) {
-    case LabelKind::kSparseInt32:
-      return ComputeSplitRowsTyped<T, int32_t>(args, num_rows, threads, parallel);
-    case LabelKind::kSparseInt64:
-      return ComputeSplitRowsTyped<T, int64_t>(args, num_rows, threads, parallel);
-    case LabelKind::kDense: return false;
-  }
-  return false;
-}
-
-// The entry point of this ISA's variant (declared in rows_dispatch.h).
-bool ComputeSplitRows(const RowsArgs& args, int64_t num_rows, int threads,
-                      ParallelTasks parallel) {
-  switch (args.type) {
-    case StorageType::kFloat:
-      return ComputeSplitRowsOfType<float>(args, num_rows, threads, parallel);
-    case StorageType::kHalf:
-      return ComputeSplitRowsOfType<Half>(args, num_rows, threads, parallel);
-    case StorageType::kBFloat16:
-      return ComputeSplitRowsOfType<BFloat16>(args, num_rows, threads, parallel);
-  }
-  return false;
-}
