@@ -256,18 +256,35 @@ EMULATOR_DIR = ROOT / "csrc" / "emulator"
 # directories, and the source's preprocessed text, which holds every header's content whichever
 # directory it came from (pip's isolated build environment puts TensorFlow somewhere new each
 # time). `setup.py build_ext --force` neither reads nor writes the cache; deleting build/ empties it.
+# Linux only: on macOS the command distutils runs is rewritten by its compiler_fixup
+# (ARCHFLAGS, -arch), and the deployment target comes from the environment, which a key of the
+# command would miss; a Mac's build stays as setuptools makes it.
 OBJECT_CACHE_DIR = ROOT / "build" / "object-cache"
 # The least recently used objects go once the cache holds more than this.
 OBJECT_CACHE_MAX_BYTES = 1 << 30
 INCLUDE_FLAGS = ("-I", "-isystem", "-iquote", "-idirafter")
+# Environment variables that change what gcc or clang produce without changing the command or
+# the preprocessed text.
+COMPILER_ENVIRONMENT = ("COMPILER_PATH", "GCC_EXEC_PREFIX", "CCC_OVERRIDE_OPTIONS")
 
 
-def compile_command(compiler, source: str, cc_args: list, extra_postargs: list) -> list:
-    """The command distutils' Unix compiler runs for `source`, without its `-c src -o obj`."""
-    driver = compiler.compiler_so
+def compiler_driver(compiler, source: str) -> tuple:
+    """The compiler (with its own flags) distutils' Unix compiler runs for `source`: its C++
+    driver for C++ sources where it has one (setuptools >= 72), as its `_compile` chooses."""
     if compiler.detect_language(source) == "c++" and getattr(compiler, "compiler_so_cxx", None):
-        driver = compiler.compiler_so_cxx
-    return [*driver, *(a for a in cc_args if a != "-c"), *extra_postargs]
+        return tuple(compiler.compiler_so_cxx)
+    return tuple(compiler.compiler_so)
+
+
+def compile_args(cc_args: list, extra_postargs: list) -> list:
+    """The rest of that command, without its `-c src -o obj`."""
+    return [*(a for a in cc_args if a != "-c"), *extra_postargs]
+
+
+def with_debug_info(command: list) -> bool:
+    """Whether the command's last -g option asks for debug information (pybind11 adds -g0)."""
+    levels = [a for a in command if a.startswith("-g") and a[2:] in ("", "0", "1", "2", "3")]
+    return bool(levels) and levels[-1] != "-g0"
 
 
 def without_include_dirs(command: list) -> list:
@@ -290,48 +307,83 @@ class ObjectCache:
         self.max_bytes = max_bytes
         self.reused = 0
         self.compiled = 0
-        self._compiler_versions: dict = {}
+        self._lock = threading.Lock()  # the counts: ParallelCompile compiles on several threads
+        self._compilers: dict = {}
 
-    def key(self, command: list, source: str):
-        """The object's key, or None when the compiler cannot preprocess `source` (the compile
-        then runs uncached and reports its own error)."""
-        if command[0] not in self._compiler_versions:
+    def _compiler_identity(self, driver: tuple):
+        """The driver's resolved path and --version, or None when it cannot be run."""
+        if driver not in self._compilers:
             try:
-                version = subprocess.run([command[0], "--version"], capture_output=True,
-                                         text=True, check=True).stdout
+                version = subprocess.run([*driver, "--version"], capture_output=True, text=True,
+                                         check=True).stdout
             except (OSError, subprocess.CalledProcessError):
-                return None
-            self._compiler_versions[command[0]] = version
+                version = None
+            resolved = shutil.which(driver[0])
+            self._compilers[driver] = (None if version is None else
+                                       f"{os.path.realpath(resolved) if resolved else driver[0]}\n{version}")
+        return self._compilers[driver]
+
+    def key(self, driver: tuple, command: list, source: str):
+        """The object's key, or None when the compiler cannot preprocess `source` (the compile
+        then runs uncached and reports its own error). `command` starts with `driver`."""
+        identity = self._compiler_identity(driver)
+        if identity is None:
+            return None
+        # Without line markers the text does not name the directories the headers came from;
+        # with debug information the object holds line numbers, which only the markers keep.
+        preprocess = ["-E"] if with_debug_info(command) else ["-E", "-P"]
         try:
-            preprocessed = subprocess.run([*command, "-E", "-P", source], capture_output=True,
+            preprocessed = subprocess.run([*command, *preprocess, source], capture_output=True,
                                           check=True).stdout
         except (OSError, subprocess.CalledProcessError):
             return None
         digest = hashlib.sha256()
-        for part in (self._compiler_versions[command[0]], *without_include_dirs(command),
-                     Path(source).name):
+        environment = [f"{name}={os.environ.get(name, '')}" for name in COMPILER_ENVIRONMENT]
+        for part in (identity, *environment, *without_include_dirs(command), Path(source).name):
             digest.update(part.encode() + b"\0")
         digest.update(preprocessed)
         return digest.hexdigest()
 
-    def compile(self, compile_one, obj, src, ext, cc_args, extra_postargs, pp_opts) -> None:
-        """distutils' `_compile`, with the object taken from the cache when it is there."""
-        key = self.key(compile_command(self._compiler, src, cc_args, extra_postargs), src)
-        cached = self.directory / f"{key}.o"
-        if key is not None and cached.exists():
+    def _count(self, reused: bool) -> None:
+        with self._lock:
+            if reused:
+                self.reused += 1
+            else:
+                self.compiled += 1
+
+    def _reuse(self, cached: Path, obj) -> bool:
+        """Copies the cached object to `obj`; False when it is gone (another build pruned it)."""
+        try:
             Path(obj).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(cached, obj)
             os.utime(cached)  # recently used: pruned last
-            self.reused += 1
-            return
-        compile_one(obj, src, ext, cc_args, extra_postargs, pp_opts)
-        self.compiled += 1
-        if key is not None:
+        except FileNotFoundError:
+            return False
+        return True
+
+    def _store(self, obj, cached: Path) -> None:
+        """Keeps a copy of `obj`; a cache that cannot be written leaves the build as it is."""
+        # Written whole, then renamed: a concurrent build never sees half an object.
+        partial = cached.with_name(f"{cached.stem}.{os.getpid()}.{threading.get_ident()}.tmp")
+        try:
             self.directory.mkdir(parents=True, exist_ok=True)
-            # Written whole, then renamed: a concurrent build never sees half an object.
-            partial = cached.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
             shutil.copyfile(obj, partial)
             os.replace(partial, cached)
+        except OSError:
+            partial.unlink(missing_ok=True)
+
+    def compile(self, compile_one, obj, src, ext, cc_args, extra_postargs, pp_opts) -> None:
+        """distutils' `_compile`, with the object taken from the cache when it is there."""
+        driver = compiler_driver(self._compiler, src)
+        key = self.key(driver, [*driver, *compile_args(cc_args, extra_postargs)], src)
+        cached = self.directory / f"{key}.o"
+        if key is not None and self._reuse(cached, obj):
+            self._count(reused=True)
+            return
+        compile_one(obj, src, ext, cc_args, extra_postargs, pp_opts)
+        self._count(reused=False)
+        if key is not None:
+            self._store(obj, cached)
 
     def install(self, compiler) -> None:
         """Routes `compiler`'s per-object compiles (pybind11's ParallelCompile calls `_compile`
@@ -345,19 +397,27 @@ class ObjectCache:
         compiler._compile = cached_compile
 
     def prune(self) -> None:
-        objects = sorted(self.directory.glob("*.o"), key=lambda p: p.stat().st_mtime, reverse=True)
+        """Drops the least recently used objects beyond max_bytes (another build may be pruning
+        too: a file already gone is skipped)."""
+        objects = []
+        for path in self.directory.glob("*.o"):
+            try:
+                status = path.stat()
+            except FileNotFoundError:
+                continue
+            objects.append((status.st_mtime, status.st_size, path))
         total = 0
-        for path in objects:
-            total += path.stat().st_size
+        for _, size, path in sorted(objects, key=lambda entry: entry[0], reverse=True):
+            total += size
             if total > self.max_bytes:
-                path.unlink()
+                path.unlink(missing_ok=True)
 
 
 class CachingBuildExt(build_ext):
-    """build_ext that reuses objects from build/object-cache/ (above), unless --force."""
+    """build_ext that reuses objects from build/object-cache/ (above), on Linux, unless --force."""
 
     def build_extensions(self) -> None:
-        if self.force or self.compiler.compiler_type != "unix":
+        if self.force or self.compiler.compiler_type != "unix" or sys.platform != "linux":
             super().build_extensions()
             return
         cache = ObjectCache(OBJECT_CACHE_DIR)

@@ -132,6 +132,44 @@ def test_a_source_the_compiler_rejects_fails_as_without_the_cache(project):
     assert not (project / "cache").exists() or not list((project / "cache").glob("*.o"))
 
 
+def test_a_source_that_does_not_preprocess_compiles_uncached(project):
+    # A missing header: no key, so the compiler runs and reports the error itself.
+    (project / "main.cc").write_text('#include "missing.h"\nint Answer() { return 1; }\n')
+    with pytest.raises(subprocess.CalledProcessError):
+        Build(project).compile(project / "inc")
+    assert not (project / "cache").exists() or not list((project / "cache").glob("*.o"))
+
+
+def test_an_object_pruned_by_another_build_is_compiled_again(project):
+    build = Build(project)
+    build.compile(project / "inc")
+    for cached in build.cache_dir.glob("*.o"):
+        cached.unlink()
+    _, ran = build.compile(project / "inc")
+    assert ran
+
+
+def test_debug_information_keeps_line_markers_in_the_key():
+    assert not setup_py.with_debug_info(["g++", "-O3", "-g0"])
+    assert not setup_py.with_debug_info(["g++", "-g", "-O3", "-g0"])  # pybind11 adds -g0 last
+    assert setup_py.with_debug_info(["g++", "-g0", "-g"])
+    assert setup_py.with_debug_info(["g++", "-g2"])
+    assert not setup_py.with_debug_info(["g++", "-gsplit-dwarf"])
+
+
+def test_the_key_uses_the_driver_distutils_runs_for_the_language():
+    # distutils' Unix compiler runs compiler_so_cxx for C++ sources where it has one.
+    from setuptools._distutils.ccompiler import new_compiler
+
+    compiler = new_compiler()
+    compiler.set_executables(compiler_so=["cc-for-c", "-DC"])
+    if not hasattr(compiler, "compiler_so_cxx"):
+        pytest.skip("this setuptools has no C++ driver of its own: compiler_so compiles both")
+    compiler.set_executables(compiler_so_cxx=["cxx-for-cxx", "-DCXX"])
+    assert setup_py.compiler_driver(compiler, "a.cc") == ("cxx-for-cxx", "-DCXX")
+    assert setup_py.compiler_driver(compiler, "a.c") == ("cc-for-c", "-DC")
+
+
 def test_prune_keeps_the_most_recently_used_objects(project):
     build = Build(project)
     build.compile(project / "inc", flags=("-O0",))

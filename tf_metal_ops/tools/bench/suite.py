@@ -610,9 +610,10 @@ def _onednn_state() -> str:
     the CPU when TF_ENABLE_ONEDNN_OPTS is unset; "unknown" where TensorFlow does not say."""
     try:
         from tensorflow.python.util import _pywrap_util_port
-    except ImportError:
+
+        return "on" if _pywrap_util_port.IsMklEnabled() else "off"
+    except (ImportError, AttributeError):  # a private module of TensorFlow's
         return "unknown"
-    return "on" if _pywrap_util_port.IsMklEnabled() else "off"
 
 
 def _format_sizes(sizes) -> List[str]:
