@@ -23,14 +23,18 @@ REPO = HERE.parent
 
 
 def load_setup():
-    """setup.py as a module (its setup() call is guarded by __main__)."""
+    """setup.py as a module (its setup() call is guarded by __main__). Loaded when a test runs,
+    not when pytest collects this file: CI's extra configurations collect every file in venvs
+    without setuptools or pybind11, to run only the tests of their markers."""
     spec = importlib.util.spec_from_file_location("tf_metal_ops_setup", REPO / "setup.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-setup_py = load_setup()
+@pytest.fixture(scope="module")
+def setup_py():
+    return load_setup()
 
 
 class Compiler:
@@ -64,16 +68,17 @@ def project(tmp_path):
 class Build:
     """One cache directory, compiles into fresh object paths, counting compiler runs."""
 
-    def __init__(self, root: Path, max_bytes=setup_py.OBJECT_CACHE_MAX_BYTES):
+    def __init__(self, setup_py, root: Path, max_bytes=None):
+        self.setup_py = setup_py
         self.root = root
         self.cache_dir = root / "cache"
-        self.max_bytes = max_bytes
+        self.max_bytes = setup_py.OBJECT_CACHE_MAX_BYTES if max_bytes is None else max_bytes
         self.count = 0
 
     def compile(self, include_dir: Path, flags=("-O2",)) -> tuple:
         """(the object's bytes, whether the compiler ran)."""
         compiler = Compiler()
-        cache = setup_py.ObjectCache(self.cache_dir, self.max_bytes)
+        cache = self.setup_py.ObjectCache(self.cache_dir, self.max_bytes)
         cache.install(compiler)
         self.count += 1
         obj = self.root / "out" / f"{self.count}" / "main.o"
@@ -87,8 +92,8 @@ class Build:
         return obj.read_bytes(), compiler.runs == 1
 
 
-def test_same_sources_and_flags_reuse_the_object(project):
-    build = Build(project)
+def test_same_sources_and_flags_reuse_the_object(setup_py, project):
+    build = Build(setup_py, project)
     first, ran = build.compile(project / "inc")
     assert ran
     again, ran = build.compile(project / "inc")
@@ -96,9 +101,9 @@ def test_same_sources_and_flags_reuse_the_object(project):
     assert again == first
 
 
-def test_headers_elsewhere_with_the_same_content_reuse_the_object(project):
+def test_headers_elsewhere_with_the_same_content_reuse_the_object(setup_py, project):
     # pip's isolated build environment puts TensorFlow's headers in a new directory each time.
-    build = Build(project)
+    build = Build(setup_py, project)
     build.compile(project / "inc")
     moved = project / "elsewhere"
     moved.mkdir()
@@ -107,8 +112,8 @@ def test_headers_elsewhere_with_the_same_content_reuse_the_object(project):
     assert not ran
 
 
-def test_a_changed_header_compiles_again(project):
-    build = Build(project)
+def test_a_changed_header_compiles_again(setup_py, project):
+    build = Build(setup_py, project)
     first, _ = build.compile(project / "inc")
     (project / "inc" / "value.h").write_text("inline int Value() { return 1; }\n")
     changed, ran = build.compile(project / "inc")
@@ -116,8 +121,8 @@ def test_a_changed_header_compiles_again(project):
     assert changed != first
 
 
-def test_a_changed_flag_compiles_again(project):
-    build = Build(project)
+def test_a_changed_flag_compiles_again(setup_py, project):
+    build = Build(setup_py, project)
     build.compile(project / "inc", flags=("-O2",))
     _, ran = build.compile(project / "inc", flags=("-O0",))
     assert ran
@@ -125,23 +130,23 @@ def test_a_changed_flag_compiles_again(project):
     assert ran
 
 
-def test_a_source_the_compiler_rejects_fails_as_without_the_cache(project):
+def test_a_source_the_compiler_rejects_fails_as_without_the_cache(setup_py, project):
     (project / "main.cc").write_text("int Answer( {\n")
     with pytest.raises(subprocess.CalledProcessError):
-        Build(project).compile(project / "inc")
+        Build(setup_py, project).compile(project / "inc")
     assert not (project / "cache").exists() or not list((project / "cache").glob("*.o"))
 
 
-def test_a_source_that_does_not_preprocess_compiles_uncached(project):
+def test_a_source_that_does_not_preprocess_compiles_uncached(setup_py, project):
     # A missing header: no key, so the compiler runs and reports the error itself.
     (project / "main.cc").write_text('#include "missing.h"\nint Answer() { return 1; }\n')
     with pytest.raises(subprocess.CalledProcessError):
-        Build(project).compile(project / "inc")
+        Build(setup_py, project).compile(project / "inc")
     assert not (project / "cache").exists() or not list((project / "cache").glob("*.o"))
 
 
-def test_an_object_pruned_by_another_build_is_compiled_again(project):
-    build = Build(project)
+def test_an_object_pruned_by_another_build_is_compiled_again(setup_py, project):
+    build = Build(setup_py, project)
     build.compile(project / "inc")
     for cached in build.cache_dir.glob("*.o"):
         cached.unlink()
@@ -149,7 +154,7 @@ def test_an_object_pruned_by_another_build_is_compiled_again(project):
     assert ran
 
 
-def test_debug_information_keeps_line_markers_in_the_key():
+def test_debug_information_keeps_line_markers_in_the_key(setup_py):
     assert not setup_py.with_debug_info(["g++", "-O3", "-g0"])
     assert not setup_py.with_debug_info(["g++", "-g", "-O3", "-g0"])  # pybind11 adds -g0 last
     assert setup_py.with_debug_info(["g++", "-g0", "-g"])
@@ -157,7 +162,7 @@ def test_debug_information_keeps_line_markers_in_the_key():
     assert not setup_py.with_debug_info(["g++", "-gsplit-dwarf"])
 
 
-def test_the_key_uses_the_driver_distutils_runs_for_the_language():
+def test_the_key_uses_the_driver_distutils_runs_for_the_language(setup_py):
     # distutils' Unix compiler runs compiler_so_cxx for C++ sources where it has one.
     from setuptools._distutils.ccompiler import new_compiler
 
@@ -170,8 +175,8 @@ def test_the_key_uses_the_driver_distutils_runs_for_the_language():
     assert setup_py.compiler_driver(compiler, "a.c") == ("cc-for-c", "-DC")
 
 
-def test_prune_keeps_the_most_recently_used_objects(project):
-    build = Build(project)
+def test_prune_keeps_the_most_recently_used_objects(setup_py, project):
+    build = Build(setup_py, project)
     build.compile(project / "inc", flags=("-O0",))
     build.compile(project / "inc", flags=("-O1",))
     objects = sorted(build.cache_dir.glob("*.o"), key=lambda p: p.stat().st_mtime)
