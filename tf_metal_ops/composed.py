@@ -52,7 +52,7 @@ def _short_rows(z: tf.Tensor) -> bool:
 
 
 # Long rows take their share and tie count as one complex sum while its N x C complex terms take
-# at most this many bytes: glibc's largest mmap threshold. Where TensorFlow's CPU allocator does
+# fewer bytes than this: glibc's largest mmap threshold. Where TensorFlow's CPU allocator does
 # not cache (oneDNN off, the default on most x86-64 CPUs), a larger temporary is a fresh mapping
 # on every step, and faulting its pages in cost more than the pass the complex sum saves
 # (docs/performance.md, "Under XLA": 1.36x Keras's step at 65536 x 1000, 1.00x with separate
@@ -62,7 +62,6 @@ _PAIR_SUM_MAX_BYTES = 32 << 20
 
 def _pair_sum_fits(z: tf.Tensor) -> bool:
     elements = z.shape.num_elements()
-    # (glibc maps a request of the threshold or more afresh)
     return elements is not None and 2 * elements * z.dtype.size < _PAIR_SUM_MAX_BYTES
 
 
