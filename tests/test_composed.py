@@ -220,34 +220,37 @@ def test_composed_under_xla_matches_the_reference_on_the_check_matrix(dtype):
     assert _counts()[loss_path.COMPOSED_XLA] == before + len(checks.CASES)
 
 
-@pytest.mark.parametrize("pair_sum", [True, False], ids=["complex_pair_sum", "separate_sums"])
-def test_composed_long_row_sums_match_the_reference_on_the_check_matrix(monkeypatch, pair_sum):
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_composed_long_row_sums_match_the_reference_on_the_check_matrix(monkeypatch, dtype):
     # The check matrix's rows are short, so they take the stacked reduction; with no row short
-    # enough, the same cases go through the reductions long rows take: the share and the tie
-    # count as one complex sum (small batches), or one float sum each (large ones).
+    # enough, the same cases go through the separate reductions of long rows.
     from tf_metal_ops import composed
 
     monkeypatch.setattr(composed, "_SHORT_ROW", 0)
-    monkeypatch.setattr(composed, "_PAIR_SUM_MAX_BYTES", 1 << 40 if pair_sum else -1)
-    taken = []
-    choose = composed._pair_sum_fits
-    monkeypatch.setattr(composed, "_pair_sum_fits", lambda z: taken.append(choose(z)) or taken[-1])
     for case in checks.CASES:
-        _run_case(case, "float32", jit_compile=True)
-    assert taken and set(taken) == {pair_sum}
+        _run_case(case, dtype, jit_compile=True)
 
 
-def test_long_rows_of_a_large_or_unknown_batch_take_separate_sums():
-    from tf_metal_ops import composed
+def _exponentials_per_logit(loss_kwargs: dict, shape=(64, 1000)) -> int:
+    """How many exponentials of N x C values XLA's optimized program of a step (the loss and
+    its gradient) computes."""
+    logits = tf.zeros(shape)
+    labels = tf.zeros(shape[:1], tf.int32)
+    step = _grad_fn(True, **loss_kwargs)
+    hlo = step.experimental_get_compiler_ir(logits, labels, tf.ones(shape[:1]))(
+        stage="optimized_hlo")
+    rows, cols = shape
+    return sum(f"[{rows},{cols}]" in line.split("=", 1)[1].split("(", 1)[0]
+               for line in hlo.splitlines()
+               if " exponential(" in line or " exponential-minus-one(" in line)
 
-    assert composed._pair_sum_fits(tf.zeros([4096, 1000]))            # 32.8 MB of complex64
-    assert not composed._pair_sum_fits(tf.zeros([512, 32000]))        # 131 MB
-    assert not composed._pair_sum_fits(tf.zeros([4096, 1000], tf.float64))  # 65.5 MB
-    unknown_batch = tf.TensorSpec([None, 1000], tf.float32)
-    seen = []
-    tf.function(lambda z: seen.append(composed._pair_sum_fits(z)) or z,
-                input_signature=[unknown_batch]).get_concrete_function()
-    assert seen == [False]
+
+@pytest.mark.parametrize("loss_kwargs", [{}, {"label_smoothing": 0.1}],
+                         ids=["sparse", "smoothed"])
+def test_the_gradient_under_xla_reuses_the_forward_exponentials(loss_kwargs):
+    # In one XLA program the gradient takes p = e * (1 / sum) from the forward's e = exp(z - m),
+    # as the native kernels do: one exponential per logit, not a second one for the gradient.
+    assert _exponentials_per_logit(loss_kwargs) == 1
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -17,8 +17,9 @@ formulas and the numerics are the native kernels' (kernels/custom_loss_math.h de
 and expm1(log p_y) g_y on it, without the cancellation of p_y G - g_y), with the limits
 p log p / r -> 0 at p = 0 and log p / r -> -1 at p = 1, so the gradient is finite
 at p = 1 also for gamma < 1, where autodiff of the composition would give NaN: the gradient is
-this analytic one (`tf.custom_gradient`), computed from the logits and the forward's two row
-statistics. float16 and bfloat16 are computed in float32 and cast back; float64 in float64.
+this analytic one (`tf.custom_gradient`), computed from the logits and the forward's row
+statistics (under XLA also from its exp(z - m), as the native kernels reuse it). float16 and
+bfloat16 are computed in float32 and cast back; float64 in float64.
 gamma and label_smoothing are rounded to float32 first, as the native op's float attributes
 are, so both paths compute with the same parameters.
 
@@ -35,7 +36,7 @@ differentiated through their analytic gradient: no gradient is made in a forward
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -51,27 +52,22 @@ def _short_rows(z: tf.Tensor) -> bool:
     return z.shape[-1] is not None and z.shape[-1] <= _SHORT_ROW
 
 
-# Long rows take their share and tie count as one complex sum while its N x C complex terms take
-# fewer bytes than this: glibc's largest mmap threshold. Where TensorFlow's CPU allocator does
-# not cache (oneDNN off, the default on most x86-64 CPUs), a larger temporary is a fresh mapping
-# on every step, and faulting its pages in cost more than the pass the complex sum saves
-# (docs/performance.md, "Under XLA": 1.36x Keras's step at 65536 x 1000, 1.00x with separate
-# sums). A batch of unknown size counts as large.
-_PAIR_SUM_MAX_BYTES = 32 << 20
-
-
-def _pair_sum_fits(z: tf.Tensor) -> bool:
-    elements = z.shape.num_elements()
-    return elements is not None and 2 * elements * z.dtype.size < _PAIR_SUM_MAX_BYTES
+class _RowSoftmax(NamedTuple):
+    """One row's softmax statistics: log p = (z - m) - log_sum, p = e * inv_sum."""
+    m: tf.Tensor
+    log_sum: tf.Tensor
+    inv_sum: tf.Tensor      # 1 / (others + ties), NaN on the `nan_rows`
+    e: tf.Tensor            # exp(z - m), N x C
+    shifted_sum: Optional[tf.Tensor]  # S = sum_c w_c (z - m), with `with_shifted_sum`
 
 
 def _row_log_softmax(z: tf.Tensor, shift_weights: Optional[tf.Tensor] = None,
                      with_shifted_sum: bool = False,
-                     nan_rows: Optional[tf.Tensor] = None) -> tuple[tf.Tensor, ...]:
-    """(m, log_sum) per row, such that log p = (z - m) - log_sum (kernels/custom_loss_math.h);
-    with `with_shifted_sum` also S = sum_c w_c (z - m) (w_c the `shift_weights`, broadcast
-    against z, or 1; a term of weight 0 is 0, also at z = -inf). log_sum is NaN where
-    `nan_rows` (a mask of the rows, or a scalar) is True, so every log p of such a row is NaN."""
+                     nan_rows: Optional[tf.Tensor] = None) -> _RowSoftmax:
+    """The row statistics of `z` (kernels/custom_loss_math.h); with `with_shifted_sum` also
+    S = sum_c w_c (z - m) (w_c the `shift_weights`, broadcast against z, or 1; a term of weight
+    0 is 0, also at z = -inf). log_sum and inv_sum are NaN where `nan_rows` (a mask of the rows,
+    or a scalar) is True, so every log p and p of such a row is NaN."""
     lowest = np.finfo(z.dtype.as_numpy_dtype).min
     # Started at the lowest finite value, so a row of -inf logits never forms -inf - (-inf).
     m = tf.maximum(tf.reduce_max(z, axis=-1), lowest)
@@ -80,28 +76,23 @@ def _row_log_softmax(z: tf.Tensor, shift_weights: Optional[tf.Tensor] = None,
     # Each logit equal to m contributes exactly 1: kept out of the float sum so the other
     # classes' small share keeps its digits. A NaN logit is no tie and makes the sum NaN. In
     # the float sum a tie adds z - m: 0, or NaN for a +inf logit (inf - inf), which makes the
-    # whole row NaN as in the native op (the softmax is inf / inf).
-    parts = [tf.where(tie, shifted, tf.exp(shifted)), tf.cast(tie, z.dtype)]
+    # whole row NaN as in the native op (the softmax is inf / inf). The tie count is summed as
+    # floats selected by the test, not as the test cast to float: XLA (TensorFlow 2.21) sums a
+    # float tensor with its fast row reduction (YNNPACK's), a cast predicate in slower windows.
+    others_terms = tf.where(tie, shifted, tf.exp(shifted))
+    ones = tf.ones_like(z)
+    parts = [others_terms, tf.where(tie, ones, tf.zeros_like(z))]
     if with_shifted_sum:
         parts.append(shifted if shift_weights is None else _not_zero(shift_weights, shifted))
     if _short_rows(z):
         # Short rows: one reduction over the stacked terms, which XLA compiles as one loop
         # reading the row once for all the sums.
         sums = tf.unstack(tf.reduce_sum(tf.stack(parts), axis=-1))
-    elif _pair_sum_fits(z):
-        # Long rows: XLA splits each reduction into partial sums over windows, and would first
-        # write the stacked terms out whole (3 x N x C); separate reductions do not. The share
-        # and the tie count are the two parts of one complex sum (each part summed alone, as
-        # two float sums): XLA reads the row once for both, where the tie count alone would be
-        # written out as an N x C float tensor and summed in windows.
-        pair = tf.reduce_sum(tf.complex(parts[0], parts[1]), axis=-1)
-        sums = [tf.math.real(pair), tf.math.imag(pair)]
-        sums += [tf.reduce_sum(part, axis=-1) for part in parts[2:]]
     else:
-        # Long rows of a large batch: one reduction per sum. Where XLA writes the complex
-        # terms out, they are a temporary of twice the logits' bytes, fresh pages on every
-        # step (see _PAIR_SUM_MAX_BYTES); one float sum at a time fits in the buffer the one
-        # before freed.
+        # Long rows: one reduction per sum. Stacked, or as the two parts of one complex sum,
+        # XLA writes the terms out whole (2 or 3 x N x C, fresh pages on every step where
+        # TensorFlow's allocator does not cache) and sums them in windows, slower than
+        # separate row sums (docs/performance.md, "Under XLA").
         sums = [tf.reduce_sum(part, axis=-1) for part in parts]
     others, ties = sums[0], sums[1]
     # No tie (ties = 0) only in a row of -inf logits, where others = 0 and log1p(-1) = -inf =
@@ -109,12 +100,16 @@ def _row_log_softmax(z: tf.Tensor, shift_weights: Optional[tf.Tensor] = None,
     # XLA every cheap per-row operation after it would be fused into the N x C consumers and
     # recomputed per element; the row's NaN mask is applied before it, once per row.
     shares = others + (ties - 1)
+    inv_sum = 1.0 / (others + ties)  # as the native kernels round it
     if nan_rows is not None:
-        shares = tf.where(nan_rows, tf.constant(np.nan, z.dtype), shares)
+        nan = tf.constant(np.nan, z.dtype)
+        shares = tf.where(nan_rows, nan, shares)
+        inv_sum = tf.where(nan_rows, nan, inv_sum)
+    # exp(z - m) of every class from the others' terms: XLA then writes one N x C tensor for
+    # both, where e and the terms apart were two.
+    e = tf.where(tie, ones, others_terms)
     log_sum = tf.math.log1p(shares)
-    if not with_shifted_sum:
-        return m, log_sum
-    return m, log_sum, sums[2]
+    return _RowSoftmax(m, log_sum, inv_sum, e, sums[2] if with_shifted_sum else None)
 
 
 def _focal_factors(lp: tf.Tensor, gamma: float) -> tuple[tf.Tensor, tf.Tensor]:
@@ -243,6 +238,7 @@ def custom_loss(
     # gradient is then p_j g_y off the label and -r_y g_y = expm1(log p_y) g_y on it, as the
     # native kernel computes it: p_y G - g_y would cancel the digits of a confident row.
     labelled_only = not dense and eps == 0.0
+    in_xla = not can_raise  # only an XLA program cannot raise
     is_label = w_y = w = None
     if dense:
         if can_raise and not (labels.shape.is_fully_defined() and logits.shape.is_fully_defined()):
@@ -317,7 +313,8 @@ def custom_loss(
     def loss_of(logits_in: tf.Tensor):
         z = tf.cast(logits_in, acc)
         if labelled_only:
-            m, log_sum = _row_log_softmax(z, nan_rows=nan_rows)
+            sm = _row_log_softmax(z, nan_rows=nan_rows)
+            m, log_sum = sm.m, sm.log_sum
             lp_y = (tf.cast(at_label(logits_in), acc) - m) - log_sum
             loss_factor, _ = _focal_factors(lp_y, gamma)
             loss = -_not_zero(w_y, loss_factor)
@@ -327,8 +324,9 @@ def custom_loss(
             # and there the classes' terms summed in one more reduction cost XLA less than a
             # fourth sum S.)
             # Sparse labels: the sum over the classes is S_a = sum_c a_c (z_c - m).
-            m, log_sum, shifted = _row_log_softmax(z, shift_weights=w if dense else weights,
-                                                   with_shifted_sum=True, nan_rows=nan_rows)
+            sm = _row_log_softmax(z, shift_weights=w if dense else weights,
+                                  with_shifted_sum=True, nan_rows=nan_rows)
+            m, log_sum, shifted = sm.m, sm.log_sum, sm.shifted_sum
             total = total_weight()
             if not dense:
                 # S = (1 - eps) a_y (z_y - m) + (eps / C) S_a; the label's term is 0 where
@@ -339,15 +337,24 @@ def custom_loss(
             loss = tf.where(total[..., 0] == 0, tf.zeros_like(log_sum),
                             total[..., 0] * log_sum - shifted)
         else:
-            m, log_sum = _row_log_softmax(z, nan_rows=nan_rows)
+            sm = _row_log_softmax(z, nan_rows=nan_rows)
+            m, log_sum = sm.m, sm.log_sum
             total = total_weight() if gamma == 0.0 else None
             loss_factor, _ = _focal_factors(log_p(logits_in, m, log_sum), gamma)
             loss = -tf.reduce_sum(_not_zero(w, loss_factor), axis=-1)
         loss = finish(loss + 0.0, row_axis_extra=False)  # + 0.0: no -0.0
 
+        def probabilities(lp: tf.Tensor) -> tf.Tensor:
+            """p: inside XLA, whose one program holds the forward and the gradient, from the
+            forward's e = exp(z - m) times 1 / sum, as the native kernels take it (one
+            exponential per element, not two); elsewhere exp(log p), so that no N x C tensor
+            of the forward stays alive until the gradient runs."""
+            if in_xla:
+                return sm.e * sm.inv_sum[..., None]
+            return tf.exp(lp)
+
         def gradient(upstream: tf.Tensor) -> tf.Tensor:
-            # From the logits and the two row statistics, as the native gradient op does,
-            # rather than keeping N x C intermediates of the forward alive.
+            # From the logits and the row statistics, as the native gradient op does.
             lp = log_p(logits_in, m, log_sum)
             if labelled_only:
                 lp_y = (tf.cast(at_label(logits_in), acc) - m) - log_sum
@@ -355,13 +362,13 @@ def custom_loss(
                 g_y = _not_zero(w_y, grad_factor)
                 # expm1 once per row: tf.where would evaluate both branches on every class.
                 grad = tf.where(is_label, (g_y * tf.math.expm1(lp_y))[..., None],
-                                g_y[..., None] * tf.exp(lp))
+                                g_y[..., None] * probabilities(lp))
             elif gamma == 0.0:
-                grad = tf.exp(lp) * total - w  # g_c = w_c
+                grad = probabilities(lp) * total - w  # g_c = w_c
             else:
                 _, grad_factor = _focal_factors(lp, gamma)
                 g = _not_zero(w, grad_factor)
-                grad = tf.exp(lp) * tf.reduce_sum(g, axis=-1, keepdims=True) - g
+                grad = probabilities(lp) * tf.reduce_sum(g, axis=-1, keepdims=True) - g
             grad = grad * tf.cast(upstream, acc)[..., None]
             return tf.cast(finish(grad, row_axis_extra=True), logits_in.dtype)
 
