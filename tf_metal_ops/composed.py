@@ -345,11 +345,14 @@ def custom_loss(
         loss = finish(loss + 0.0, row_axis_extra=False)  # + 0.0: no -0.0
 
         def probabilities(lp: tf.Tensor) -> tf.Tensor:
-            """p: inside XLA, whose one program holds the forward and the gradient, from the
-            forward's e = exp(z - m) times 1 / sum, as the native kernels take it (one
-            exponential per element, not two); elsewhere exp(log p), so that no N x C tensor
-            of the forward stays alive until the gradient runs."""
-            if in_xla:
+            """p: for long rows inside XLA, whose one program holds the forward and the
+            gradient, from the forward's e = exp(z - m) times 1 / sum, as the native kernels
+            take it (one exponential per element, not two); elsewhere exp(log p), so that no
+            N x C tensor of the forward stays alive until the gradient runs. Short rows
+            recompute it under XLA too: their sums read the row in one loop that writes no e,
+            and the exponential in the gradient's loop costs less than writing and reading one
+            (docs/performance.md, "Under XLA")."""
+            if in_xla and not _short_rows(z):
                 return sm.e * sm.inv_sum[..., None]
             return tf.exp(lp)
 
