@@ -19,6 +19,9 @@
 #   PYTHON          a host Python with pip (default: python3); only pip runs in it
 #   AARCH64_WORK    where downloads, the aarch64 root file system and the builds go, kept between
 #                   runs as a cache (default: ~/.cache/tf_metal_ops_aarch64)
+#   AARCH64_PREPARE_ONLY=1  stop once the downloads are in AARCH64_WORK (the root file system,
+#                   TensorFlow's aarch64 wheel and the test tools): CI fetches them while other
+#                   steps compile, and a later run with the same AARCH64_WORK builds and tests
 #
 # How it fits together:
 #   - The aarch64 CPython is unpacked from Debian's arm64 .debs (`apt-get download` with a
@@ -112,6 +115,10 @@ if [ ! -e "$SITE/.complete" ] || [ "$(cat "$SITE/.complete")" != "$wanted" ]; th
     --platform manylinux_2_17_aarch64 --platform manylinux2014_aarch64 \
     "$TENSORFLOW_REQUIREMENT" "${TEST_REQUIREMENTS[@]}"
   echo "$wanted" > "$SITE/.complete"
+fi
+if [ "${AARCH64_PREPARE_ONLY:-}" = 1 ]; then
+  step "downloads ready in $WORK (AARCH64_PREPARE_ONLY=1: no build, no tests)"
+  exit 0
 fi
 export PYTHONPATH="$SITE"
 export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}
