@@ -57,8 +57,15 @@ class _RowSoftmax(NamedTuple):
     m: tf.Tensor
     log_sum: tf.Tensor
     inv_sum: tf.Tensor      # 1 / (others + ties), NaN on the `nan_rows`
-    e: tf.Tensor            # exp(z - m), N x C
+    others_terms: tf.Tensor  # N x C: exp(z - m) off the ties, z - m on them
+    tie: tf.Tensor           # N x C: z == m
     shifted_sum: Optional[tf.Tensor]  # S = sum_c w_c (z - m), with `with_shifted_sum`
+
+    def probabilities(self) -> tf.Tensor:
+        """p = e * inv_sum, e = exp(z - m) taken from the share's terms (1 at the ties): XLA
+        then writes one N x C tensor for both, where e and the terms apart were two."""
+        e = tf.where(self.tie, tf.ones_like(self.others_terms), self.others_terms)
+        return e * self.inv_sum[..., None]
 
 
 def _row_log_softmax(z: tf.Tensor, shift_weights: Optional[tf.Tensor] = None,
@@ -80,8 +87,7 @@ def _row_log_softmax(z: tf.Tensor, shift_weights: Optional[tf.Tensor] = None,
     # floats selected by the test, not as the test cast to float: XLA (TensorFlow 2.21) sums a
     # float tensor with its fast row reduction (YNNPACK's), a cast predicate in slower windows.
     others_terms = tf.where(tie, shifted, tf.exp(shifted))
-    ones = tf.ones_like(z)
-    parts = [others_terms, tf.where(tie, ones, tf.zeros_like(z))]
+    parts = [others_terms, tf.where(tie, tf.ones_like(z), tf.zeros_like(z))]
     if with_shifted_sum:
         parts.append(shifted if shift_weights is None else _not_zero(shift_weights, shifted))
     if _short_rows(z):
@@ -105,11 +111,9 @@ def _row_log_softmax(z: tf.Tensor, shift_weights: Optional[tf.Tensor] = None,
         nan = tf.constant(np.nan, z.dtype)
         shares = tf.where(nan_rows, nan, shares)
         inv_sum = tf.where(nan_rows, nan, inv_sum)
-    # exp(z - m) of every class from the others' terms: XLA then writes one N x C tensor for
-    # both, where e and the terms apart were two.
-    e = tf.where(tie, ones, others_terms)
     log_sum = tf.math.log1p(shares)
-    return _RowSoftmax(m, log_sum, inv_sum, e, sums[2] if with_shifted_sum else None)
+    return _RowSoftmax(m, log_sum, inv_sum, others_terms, tie,
+                       sums[2] if with_shifted_sum else None)
 
 
 def _focal_factors(lp: tf.Tensor, gamma: float) -> tuple[tf.Tensor, tf.Tensor]:
@@ -353,7 +357,7 @@ def custom_loss(
             and the exponential in the gradient's loop costs less than writing and reading one
             (docs/performance.md, "Under XLA")."""
             if in_xla and not _short_rows(z):
-                return sm.e * sm.inv_sum[..., None]
+                return sm.probabilities()
             return tf.exp(lp)
 
         def gradient(upstream: tf.Tensor) -> tf.Tensor:
