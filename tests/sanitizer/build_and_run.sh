@@ -27,6 +27,9 @@
 #   -O1 (TF_METAL_OPS_OPTIMIZE, in place of the release build's -O3): instrumented at -O3, the
 #     vectorized row kernels' three instruction-set variants took most of this job's time to
 #     compile (docs/performance.md, "CI").
+#   -g1: line tables only, which is what a sanitizer report's stack (function, file and line)
+#     reads; full debug information of the row kernels' many inlined template instances took
+#     a third of their instrumented compile.
 #   float-cast-overflow (not part of gcc's -fsanitize=undefined): a NaN or huge float turned
 #     into an integer is undefined behaviour too.
 #   TF_METAL_OPS_KERNEL_SANITIZE=address and TF_METAL_OPS_CLANG=$CXX: metal_kernel's JIT-compiled
@@ -65,7 +68,7 @@ if [ ! -e "$ASAN_RUNTIME" ]; then
 fi
 
 step "building the native library with -fsanitize=address,undefined ($CXX)"
-SANITIZE="-fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=all -fno-omit-frame-pointer -g"
+SANITIZE="-fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=all -fno-omit-frame-pointer -g1"
 (
   cd "$ROOT"
   # CFLAGS reach C++ compiles on older setuptools, CXXFLAGS on newer ones; both are harmless.
