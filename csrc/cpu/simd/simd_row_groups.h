@@ -63,6 +63,16 @@ struct GroupDenseWeights {
   }
 };
 
+// A mask of the lanes not marked in `marked`, made in memory and loaded whole: a vector set
+// lane by lane costs a round trip through memory per lane.
+TMO_SIMD_INLINE VI LanesKept(const bool* marked) {
+  alignas(64) int32_t lanes[kLanes];
+  for (int i = 0; i < kLanes; ++i) lanes[i] = marked[i] ? 0 : -1;
+  VI kept;
+  std::memcpy(&kept, lanes, sizeof(kept));
+  return kept;
+}
+
 // tile[c * kLanes + i] = rows[i][c] for the first `num_rows` rows; the other lanes are 0. A full
 // group is moved kLanes classes at a time, as square blocks transposed in registers: copied
 // element by element, the transposition cost more than all the arithmetic on the tile. The
@@ -111,8 +121,8 @@ template <typename T>
 TMO_SIMD_INLINE void StoreTile(const float* tile, int64_t num_rows, int64_t num_classes,
                                const bool* zeroed, T* rows) {
   if (num_rows == kLanes) {
-    VI keep;  // lane i is row i: zeroed before the transposition, it is a row of zeros after
-    for (int i = 0; i < kLanes; ++i) keep[i] = zeroed[i] ? 0 : -1;
+    // lane i is row i: zeroed before the transposition, it is a row of zeros after
+    const VI keep = LanesKept(zeroed);
     int64_t c = 0;
     for (; c + kLanes <= num_classes; c += kLanes) {
       VF block[kLanes];
@@ -214,14 +224,31 @@ void ComputeRowGroupsTyped(const RowsArgs& args, int64_t begin, int64_t end) {
     if constexpr (kDense) {
       LoadTile(static_cast<const T*>(args.labels) + first * num_classes, rows, num_classes,
                targets);
+    } else if (rows == kLanes && !args.has_ignore_class && args.class_weights == nullptr) {
+      // A full group of labelled rows without class weights (the common case): the labels as
+      // one vector. Set lane by lane, a vector costs a round trip through memory per lane.
+      alignas(64) int32_t lanes[kLanes];
+      for (int i = 0; i < kLanes; ++i) {
+        lanes[i] = static_cast<int32_t>(ReadLabelAt<Label>(args.labels, first + i));
+      }
+      std::memcpy(&labels, lanes, sizeof(labels));
+      label_weights = Splat(1.0f);
     } else {
+      alignas(64) int32_t lanes[kLanes];
+      alignas(64) float lane_weights[kLanes];
+      for (int i = 0; i < kLanes; ++i) {
+        lanes[i] = -1;
+        lane_weights[i] = 0.0f;
+      }
       for (int64_t i = 0; i < rows; ++i) {
         const int64_t label = ReadLabelAt<Label>(args.labels, first + i);
         ignored[i] = args.has_ignore_class && label == args.ignore_class;
         if (ignored[i]) continue;
-        labels[i] = static_cast<int32_t>(label);
-        label_weights[i] = args.class_weights ? args.class_weights[label] : 1.0f;
+        lanes[i] = static_cast<int32_t>(label);
+        lane_weights[i] = args.class_weights ? args.class_weights[label] : 1.0f;
       }
+      std::memcpy(&labels, lanes, sizeof(labels));
+      std::memcpy(&label_weights, lane_weights, sizeof(label_weights));
     }
     const SoftmaxLanes sm = GroupSoftmax(z, num_classes, e);
 
@@ -230,8 +257,9 @@ void ComputeRowGroupsTyped(const RowsArgs& args, int64_t begin, int64_t end) {
     VF w_y = Splat(0.0f);
     if (only_labelled) {
       VF z_y = Splat(0.0f);  // lanes without a label keep 0
-      for (int64_t c = 0; c < num_classes; ++c) {
-        z_y = Select(labels == SplatI(static_cast<int32_t>(c)), LoadFull(z + c * kLanes), z_y);
+      VI class_id = SplatI(0);
+      for (int64_t c = 0; c < num_classes; ++c, class_id += SplatI(1)) {
+        z_y = Select(labels == class_id, LoadFull(z + c * kLanes), z_y);
       }
       lp_y = (z_y - sm.max) - sm.log_sum;
       w_y = label_weights * Splat(args.smoothing_share + args.target_share);
@@ -263,8 +291,7 @@ void ComputeRowGroupsTyped(const RowsArgs& args, int64_t begin, int64_t end) {
       } else {
         loss = Splat(0.0f) - LossTerms<false>(z, weights, sm, e, gamma, width).part;
       }
-      VI kept;  // ignored rows write +0 everywhere
-      for (int i = 0; i < kLanes; ++i) kept[i] = ignored[i] ? 0 : -1;
+      const VI kept = LanesKept(ignored);  // ignored rows write +0 everywhere
       StoreN(out + first, KeepIf(kept, loss), rows);
       if (args.stats_out != nullptr) {
         alignas(64) float stats[3][kLanes];
@@ -291,10 +318,10 @@ void ComputeRowGroupsTyped(const RowsArgs& args, int64_t begin, int64_t end) {
       }
       // ScaleOp's p_c g_y, with each row's labelled class (-r_y g_y) put in as it passes.
       const VF at_label = upstream * (Expm1(lp_y) * scale);
-      for (int64_t c = 0; c < num_classes; ++c) {
+      VI class_id = SplatI(0);
+      for (int64_t c = 0; c < num_classes; ++c, class_id += SplatI(1)) {
         const VF p = LoadFull(e + c * kLanes) * sm.inv_sum;
-        StoreFull(grad + c * kLanes, Select(labels == SplatI(static_cast<int32_t>(c)), at_label,
-                                            upstream * (p * scale)));
+        StoreFull(grad + c * kLanes, Select(labels == class_id, at_label, upstream * (p * scale)));
       }
     } else if (gamma == 0.0f) {
       CrossEntropyGradOp<float, decltype(weights), StoredE> op{
