@@ -3,11 +3,12 @@
 Checked here, on the CPU: XLA is detected (also in nested functions) on the installed
 TensorFlow and the loss then compiles; the composed path under XLA matches the float64
 reference on the whole `check` matrix at every dtype, and eagerly too (the path a CUDA GPU or a
-TPU takes); its gradient is finite at p = 1 with gamma < 1, where autodiff of the composition is
-NaN; bad labels raise where TensorFlow can and give NaN rows (that row only) under XLA;
-`fit` with jit_compile=True ends with the weights of jit_compile=False; the device decision;
-and that the path taken is visible (loss_path_info, info; the demo's line is tested in
-test_cli.py).
+TPU takes); ties, rows of -inf and +inf logits and confident rows on both the short and the
+long rows' sums; its gradient is finite at p = 1 with gamma < 1, where autodiff of the
+composition is NaN; bad labels raise where TensorFlow can and give NaN rows (that row only)
+under XLA; `fit` with jit_compile=True ends with the weights of jit_compile=False; the device
+decision; and that the path taken is visible (loss_path_info, info; the demo's line is tested
+in test_cli.py).
 """
 
 from __future__ import annotations
@@ -308,6 +309,42 @@ def test_gradient_is_finite_at_p_equal_1_with_gamma_below_1(gamma):
         lp = tf.nn.log_softmax(logits)
         naive = -tf.reduce_sum(tf.one_hot(labels, 3) * (-tf.math.expm1(lp)) ** gamma * lp, -1)
     assert not np.all(np.isfinite(tape.gradient(naive, logits)))
+
+
+@pytest.mark.parametrize("short_row", [8, 0], ids=["stacked sums", "long-row sums"])
+@pytest.mark.parametrize("params", [dict(), dict(gamma=2.0, label_smoothing=0.1)],
+                         ids=["ce", "focal+ls"])
+def test_ties_and_non_finite_rows_under_xla(monkeypatch, short_row, params):
+    # Short rows take their sums in one stacked reduction, long rows in one reduction each;
+    # both keep the ties out of the float sum and count them. Both must give the reference's
+    # loss and gradient on rows of many ties (all equal, a tie at the last class), a row of -inf
+    # logits (loss inf, or NaN with smoothing; the reference says which), a +inf logit (a NaN
+    # row) and a confident row whose other classes' share is tiny.
+    from tf_metal_ops import composed
+
+    monkeypatch.setattr(composed, "_SHORT_ROW", short_row)
+    confident = np.full(6, -30.0, np.float32)
+    confident[2] = 0.0
+    logits = np.array([
+        np.zeros(6),
+        [1.0, 3.0, -2.0, 3.0, 3.0, 0.5],
+        [0.0, -1.0, -1.0, -1.0, -1.0, 2.0],
+        np.full(6, -np.inf),
+        [0.0, np.inf, 1.0, 2.0, 3.0, 4.0],
+        confident,
+    ], np.float32)
+    labels = np.array([1, 0, 5, 2, 3, 2], np.int32)
+    loss, grad = _grad_fn(True, **params)(tf.constant(logits), tf.constant(labels),
+                                          tf.ones([6]))
+    reference_params = dict(params, label_smoothing=np.float32(params.get("label_smoothing", 0)))
+    with np.errstate(all="ignore"):
+        expected_loss = reference.custom_loss(labels, logits, **reference_params)
+        expected_grad = reference.custom_loss_grad(labels, logits, **reference_params)
+    np.testing.assert_allclose(loss, expected_loss, rtol=1e-5, atol=1e-7, equal_nan=True)
+    np.testing.assert_allclose(grad, expected_grad, rtol=1e-5, atol=1e-7, equal_nan=True)
+    assert np.isnan(loss[4]) and np.all(np.isnan(grad[4]))
+    # The confident row's loss, about 5e-13, keeps its digits (1 + share - 1 would be 0).
+    np.testing.assert_allclose(loss[5], expected_loss[5], rtol=1e-5, atol=0)
 
 
 def test_one_minus_p_keeps_its_digits_near_p_equal_1():
