@@ -93,6 +93,32 @@ if not IS_MACOS:
 else:
     HOST_TARGET = MACOS_ARM64 if BUILD_METAL else MACOS_X86_64
 
+# TF_METAL_OPS_ROW_VARIANTS=host builds only the row kernels' instruction-set variants that this
+# machine's CPU runs (the default, all, builds every one of its architecture). It is for a build
+# that runs only where it is built and whose compile is its cost: the sanitizer build
+# (tests/sanitizer/build_and_run.sh), where an instrumented AVX-512 variant on a CPU without
+# AVX-512 adds minutes of compiling and is never selected. Only that variant is ever left out:
+# the baseline is every build's fallback, and AVX2 is the least a CPU with AVX-512 has.
+ROW_VARIANTS = ("all", "host")
+AVX512_SOURCE = "csrc/cpu/simd/rows_avx512.cc"
+AVX512_CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq")  # rows_dispatch.cc's test
+
+
+def host_runs_avx512(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """Whether Linux reports the AVX-512 subsets the AVX-512 variant needs (it reports them only
+    where the OS also saves their registers); True where it cannot tell, so nothing the CPU
+    might select is left out."""
+    try:
+        lines = cpuinfo.read_text().splitlines()
+    except OSError:
+        return True
+    for line in lines:
+        if line.startswith("flags"):
+            flags = set(line.partition(":")[2].split())
+            return all(flag in flags for flag in AVX512_CPU_FLAGS)
+    return True
+
+
 # csrc/metal/ is the host code of the Metal kernels. Its Objective-C++ files (.mm) need Apple's
 # frameworks and are compiled for macOS arm64 only. Its C++ files (.cc: the launch plan, the
 # error-record slots, the kernel-source lookup) are platform-neutral C++17, which the Linux tests
@@ -147,10 +173,18 @@ def native_extension(
         "csrc/cpu/simd/rows_dispatch.cc",
         "csrc/cpu/simd/rows_portable.cc",
         "csrc/cpu/simd/rows_avx2.cc",
-        "csrc/cpu/simd/rows_avx512.cc",
+        AVX512_SOURCE,
         *METAL_SOURCES_IN_EVERY_BUILD,
     ]
     define_macros = [("TF_METAL_OPS_BUILT_AGAINST_TF", f'"{tf_version}"')]
+    row_variants = os.environ.get("TF_METAL_OPS_ROW_VARIANTS", "all")
+    if row_variants not in ROW_VARIANTS:
+        sys.exit(f"TF_METAL_OPS_ROW_VARIANTS must be one of {', '.join(ROW_VARIANTS)}, got "
+                 f"{row_variants!r}")
+    if (row_variants == "host" and target == LINUX and platform.machine() == "x86_64"
+            and not host_runs_avx512()):
+        sources.remove(AVX512_SOURCE)
+        define_macros.append(("TF_METAL_OPS_WITHOUT_AVX512", "1"))
     # -ffp-contract=off: no multiply-add fused behind our back. The kernels spell each fused
     # multiply-add they want (Fma in csrc/cpu/simd/simd_vector.h); left to the compiler, whether
     # `p * total - w` fuses depends on inlining context, so the same formula in two code paths

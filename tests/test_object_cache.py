@@ -7,7 +7,6 @@ These tests compile a two-file program with the tests' C++ compiler through Obje
 setup.py's build_ext does, and check hits and misses by the objects' bytes.
 """
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -18,18 +17,7 @@ import pytest
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "msl_host"))
 import msl_build  # noqa: E402  (the tests' one choice of C++ compiler: $CXX, else g++)
-
-REPO = HERE.parent
-
-
-def load_setup():
-    """setup.py as a module (its setup() call is guarded by __main__). Loaded when a test runs,
-    not when pytest collects this file: CI's extra configurations collect every file in venvs
-    without setuptools or pybind11, to run only the tests of their markers."""
-    spec = importlib.util.spec_from_file_location("tf_metal_ops_setup", REPO / "setup.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from setup_script import load_setup  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -27,6 +27,9 @@
 #   -O1 (TF_METAL_OPS_OPTIMIZE, in place of the release build's -O3): instrumented at -O3, the
 #     vectorized row kernels' three instruction-set variants took most of this job's time to
 #     compile (docs/performance.md, "CI").
+#   TF_METAL_OPS_ROW_VARIANTS=host: on a CPU without AVX-512, the AVX-512 row kernels are left
+#     out (setup.py): instrumented, they are minutes of compiling for a variant the CPU never
+#     selects. Where the CPU has AVX-512 all three variants are built and run.
 #   -g1: line tables only, which is what a sanitizer report's stack (function, file and line)
 #     reads; full debug information of the row kernels' many inlined template instances took
 #     a third of their instrumented compile.
@@ -74,7 +77,7 @@ SANITIZE="-fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover
   # CFLAGS reach C++ compiles on older setuptools, CXXFLAGS on newer ones; both are harmless.
   # --force: objects of an earlier build in a reused SANITIZER_WORK may have other flags.
   CC="$CXX" CXX="$CXX" CFLAGS="$SANITIZE" CXXFLAGS="$SANITIZE" TF_METAL_OPS_OPTIMIZE=-O1 \
-    LDFLAGS="-fsanitize=address,undefined,float-cast-overflow" \
+    TF_METAL_OPS_ROW_VARIANTS=host LDFLAGS="-fsanitize=address,undefined,float-cast-overflow" \
     "$PYTHON" setup.py -q build_ext --force --build-lib "$WORK/lib" --build-temp "$WORK/obj"
 )
 LIBRARY=$(ls "$WORK"/lib/tf_metal_ops/_tf_metal_ops*.so)

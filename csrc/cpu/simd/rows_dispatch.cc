@@ -48,11 +48,15 @@ Isa WidestIsa() {
   if ((xcr0 & kXcr0SseAvx) != kXcr0SseAvx) return Isa::kPortable;
   if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) == 0) return Isa::kPortable;
   if ((ebx & kLeaf7EbxAvx2) == 0) return Isa::kPortable;
+  // A build without the AVX-512 variant (setup.py's TF_METAL_OPS_ROW_VARIANTS=host, on a CPU
+  // without it) stops at AVX2.
+#if !defined(TF_METAL_OPS_WITHOUT_AVX512)
   const unsigned avx512_needed =
       kLeaf7EbxAvx512f | kLeaf7EbxAvx512dq | kLeaf7EbxAvx512bw | kLeaf7EbxAvx512vl;
   if ((ebx & avx512_needed) == avx512_needed && (xcr0 & kXcr0Avx512) == kXcr0Avx512) {
     return Isa::kAvx512;
   }
+#endif
   return Isa::kAvx2;
 }
 #else
@@ -79,12 +83,14 @@ RowsKernel ChooseRowsKernel(const char** isa, SplitRowsKernel* split) {
   const Isa widest = WidestIsa();
   const Isa cap = IsaCap();
   const Isa chosen = static_cast<int>(widest) < static_cast<int>(cap) ? widest : cap;
-#if defined(__x86_64__)
+#if defined(__x86_64__) && !defined(TF_METAL_OPS_WITHOUT_AVX512)
   if (chosen == Isa::kAvx512) {
     *isa = "avx512";
     *split = &avx512::ComputeSplitRows;
     return &avx512::ComputeRows;
   }
+#endif
+#if defined(__x86_64__)
   if (chosen == Isa::kAvx2) {
     *isa = "avx2";
     *split = &avx2::ComputeSplitRows;
