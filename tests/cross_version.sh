@@ -61,7 +61,7 @@ make_venv() {  # make_venv DIR TF_VERSION
   "$1/bin/python" -m pip install -q --upgrade pip
   # The wheel goes in with --no-deps: its one Linux dependency besides NumPy, the OpenBLAS it
   # links (pyproject.toml's pin), is installed here.
-  "$1/bin/python" -m pip install -q "tensorflow-cpu~=$2.0rc0" pytest hypothesis "$OPENBLAS_REQUIREMENT"
+  "$1/bin/python" -m pip install -q "tensorflow-cpu~=$2.0rc0" pytest pytest-xdist hypothesis "$OPENBLAS_REQUIREMENT"
 }
 
 for version in "${VERSIONS[@]}"; do
@@ -98,8 +98,9 @@ assert Path(info["library_path"]).resolve().is_relative_to(Path(sys.argv[1]).res
     f"loaded {info['library_path']}, not the wheel installed in {sys.argv[1]}")
 PY
   )
+  # -n 0: one process (pyproject.toml's addopts ask for two), beside CI's sanitizer step.
   (cd "$WORK" && TF_CPP_MIN_LOG_LEVEL=2 "$venv/bin/python" -m pytest -p no:cacheprovider -q \
-     -m tf_abi "$ROOT/tests")
+     -n 0 -m tf_abi "$ROOT/tests")
   summary+=("TensorFlow $version: ok in $(( $(date +%s) - t0 ))s")
   rm -rf "$venv"  # ~1.5 GB each
 done

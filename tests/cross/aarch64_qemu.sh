@@ -49,7 +49,7 @@ TENSORFLOW_REQUIREMENT="tensorflow==2.21.0"
 # directory when the emulated Python runs setup.py): pyproject.toml's pin, read from there.
 OPENBLAS_REQUIREMENT=$(grep -o '"scipy-openblas32==[^;"]*' "$ROOT/pyproject.toml" | head -1 | tr -d '"')
 [ -n "$OPENBLAS_REQUIREMENT" ] || { echo "aarch64_qemu.sh: no scipy-openblas32 pin in pyproject.toml" >&2; exit 1; }
-TEST_REQUIREMENTS=(pytest hypothesis pybind11 "setuptools>=77" "$OPENBLAS_REQUIREMENT")
+TEST_REQUIREMENTS=(pytest pytest-xdist hypothesis pybind11 "setuptools>=77" "$OPENBLAS_REQUIREMENT")
 # The aarch64 CPython 3.11 and the shared libraries it and TensorFlow's wheel load (Debian 12).
 ARM64_PACKAGES=(
   libc6 libgcc-s1 libstdc++6 python3.11-minimal libpython3.11-minimal libpython3.11-stdlib
@@ -209,10 +209,12 @@ for build in "${BUILDS[@]}"; do
   # run-time dispatch picks a kernel table whose sgemm_alpha_beta2x2 is an empty stub (it prints
   # "should never get called" and leaves C wrong); a Neoverse N1 (NEON, the Linux servers' core)
   # is what these tests mean to check.
+  # -n 0: one emulated process per build (pyproject.toml's addopts ask for two), the two builds
+  # side by side on the two cores.
   # The status goes to pytest.rc either way (under set -e a failing pytest would otherwise end
   # the subshell before it is written, and the wait below the script before the logs are shown).
   (if cd "$out" && OPENBLAS_CORETYPE=NEOVERSEN1 PYTHONPATH="$out/pkg:$SITE" "$EMULATED" -m pytest \
-     -p no:cacheprovider -q -ra \
+     -p no:cacheprovider -q -ra -n 0 \
      -m "simd and not baseline_isa" "$ROOT/tests" --ignore="$ROOT/tests/test_simd_math.py" \
      "$@" > "$out/pytest.log" 2>&1; then echo 0; else echo $?; fi > "$out/pytest.rc") &
   pids+=($!)
