@@ -23,12 +23,8 @@ def pytest_report_header(config) -> str:
     return f"clang for the Metal-source checks: {clang.describe() if clang else 'none found'}"
 
 
-def _load_reference_by_path() -> types.ModuleType:
-    # Loaded by file path, not through the package, so the reference tests run (and prove
-    # the oracle) even when the native library is not built and without importing the
-    # package's TensorFlow-importing __init__.
-    spec = importlib.util.spec_from_file_location("tf_metal_ops_reference_standalone",
-                                                  REFERENCE_PATH)
+def _load_by_path(name: str, path: Path) -> types.ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     assert spec.loader is not None
     spec.loader.exec_module(module)
@@ -37,8 +33,19 @@ def _load_reference_by_path() -> types.ModuleType:
 
 @pytest.fixture(scope="session")
 def ref() -> types.ModuleType:
-    """The NumPy reference module (tf_metal_ops/reference.py), loaded standalone."""
-    return _load_reference_by_path()
+    """The NumPy reference module (tf_metal_ops/reference.py), loaded standalone: by file path,
+    not through the package, so the reference tests run (and prove the oracle) even when the
+    native library is not built and without importing the package's TensorFlow-importing
+    __init__."""
+    return _load_by_path("tf_metal_ops_reference_standalone", REFERENCE_PATH)
+
+
+@pytest.fixture(scope="module")
+def setup_py() -> types.ModuleType:
+    """setup.py as a module (its setup() call is guarded by __main__), for the tests of its build
+    logic. Loaded when a test asks for it, not when pytest collects: CI's extra configurations
+    collect every file in venvs without setuptools or pybind11, to run only their markers."""
+    return _load_by_path("tf_metal_ops_setup", REPO_ROOT / "setup.py")
 
 
 @pytest.fixture(scope="module")

@@ -17,12 +17,6 @@ import pytest
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "msl_host"))
 import msl_build  # noqa: E402  (the tests' one choice of C++ compiler: $CXX, else g++)
-from setup_script import load_setup  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def setup_py():
-    return load_setup()
 
 
 class Compiler:

@@ -16,14 +16,9 @@ import pytest
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "msl_host"))
 import msl_build  # noqa: E402  (the tests' one choice of C++ compiler: $CXX, else g++)
-from setup_script import REPO, load_setup  # noqa: E402
 
+REPO = HERE.parent
 WITHOUT_AVX512 = ("TF_METAL_OPS_WITHOUT_AVX512", "1")
-
-
-@pytest.fixture(scope="module")
-def setup_py():
-    return load_setup()
 
 
 def _extension(setup_py, monkeypatch, variants, runs_avx512, machine="x86_64"):
