@@ -13,7 +13,8 @@
 #                                       bit-for-bit paths, float32 error at C = 32000-262144,
 #                                       and linear_cross_entropy's native op on the aarch64
 #                                       scipy-openblas32 wheel's OpenBLAS
-# The two builds' test runs go side by side (one process each).
+# The two builds' math checks, then their test runs, go side by side (one process each); each
+# test run first checks that the library it loaded is its build's.
 #
 # Environment:
 #   PYTHON          a host Python with pip (default: python3); only pip runs in it
@@ -158,12 +159,24 @@ for build in "${BUILDS[@]}"; do
   find "$out/pkg" \( -name "_tf_metal_ops*.so" -o -name "*.dylib" -o -name "__pycache__" \) -prune -exec rm -rf {} +
   cp "$library" "$out/pkg/tf_metal_ops/"
 
-  step "the vector math of the NEON build ($cxx): tests/cpu_math/simd_math_check.cc"
-  # The flags of tests/test_simd_math.py's baseline build.
+  # The vector math check, with the flags of tests/test_simd_math.py's baseline build; it runs
+  # below, beside the other build's.
   $cxx -O2 -std=c++17 -Wall -Wno-psabi -ffp-contract=off "-I$ROOT" -o "$out/simd_math_check" \
     "$ROOT/tests/cpu_math/simd_math_check.cc"
-  "$QEMU" -L "$ROOTFS" "$out/simd_math_check" 256 > "$out/simd_math.json"
-  "$PYTHON" - "$ROOT/tests/test_simd_math.py" "$out/simd_math.json" "$name" <<'EOF'
+done
+
+# Each check is one emulated thread: the two builds' run side by side.
+step "the vector math of both NEON builds under qemu, side by side: tests/cpu_math/simd_math_check.cc"
+pids=()
+for build in "${BUILDS[@]}"; do
+  IFS='|' read -r name cc cxx <<<"$build"
+  "$QEMU" -L "$ROOTFS" "$WORK/build/$name/simd_math_check" 256 > "$WORK/build/$name/simd_math.json" &
+  pids+=($!)
+done
+for pid in "${pids[@]}"; do wait "$pid" || fail "simd_math_check failed under qemu"; done
+for build in "${BUILDS[@]}"; do
+  IFS='|' read -r name cc cxx <<<"$build"
+  "$PYTHON" - "$ROOT/tests/test_simd_math.py" "$WORK/build/$name/simd_math.json" "$name" <<'EOF'
 import ast, json, sys
 # The bounds tests/test_simd_math.py asserts (its MAX_ULP), read from that file.
 tree = ast.parse(open(sys.argv[1]).read())
@@ -181,25 +194,24 @@ if failed:
 EOF
 done
 
-for build in "${BUILDS[@]}"; do
-  IFS='|' read -r name cc cxx <<<"$build"
-  out=$WORK/build/$name
-  step "checking that the $name library is the one the emulated Python loads"
-  (cd "$out" && PYTHONPATH="$out/pkg:$SITE" "$EMULATED" - "$out/pkg" <<'EOF'
-import sys
-from pathlib import Path
-from tf_metal_ops import _native
-_native.load()
-loaded = Path(_native.library_path()).resolve()
-assert loaded.is_relative_to(Path(sys.argv[1]).resolve()), f"loaded {loaded}, not the aarch64 copy"
-print("loaded:", loaded)
-EOF
-  )
-done
-
 # test_simd_math.py builds its check with the host's compiler; the NEON build of that check ran
 # above, under qemu, against the same bounds.
 step "tests marked simd (less baseline_isa) under qemu-aarch64, both builds side by side"
+# Each build's tests run in one emulated Python that first checks the library it loads is that
+# build's (TensorFlow's import under emulation takes about 40 s: once per build, not twice).
+cat > "$WORK/run_tests.py" <<'EOF'
+import sys
+from pathlib import Path
+
+import pytest
+from tf_metal_ops import _native
+
+_native.load()
+loaded = Path(_native.library_path()).resolve()
+assert loaded.is_relative_to(Path(sys.argv[1]).resolve()), f"loaded {loaded}, not {sys.argv[1]}"
+print("loaded:", loaded, flush=True)
+sys.exit(pytest.main(sys.argv[2:]))
+EOF
 pids=()
 for build in "${BUILDS[@]}"; do
   IFS='|' read -r name cc cxx <<<"$build"
@@ -213,8 +225,8 @@ for build in "${BUILDS[@]}"; do
   # side by side on the two cores.
   # The status goes to pytest.rc either way (under set -e a failing pytest would otherwise end
   # the subshell before it is written, and the wait below the script before the logs are shown).
-  (if cd "$out" && OPENBLAS_CORETYPE=NEOVERSEN1 PYTHONPATH="$out/pkg:$SITE" "$EMULATED" -m pytest \
-     -p no:cacheprovider -q -ra -n 0 \
+  (if cd "$out" && OPENBLAS_CORETYPE=NEOVERSEN1 PYTHONPATH="$out/pkg:$SITE" "$EMULATED" "$WORK/run_tests.py" \
+     "$out/pkg" -p no:cacheprovider -q -ra -n 0 \
      -m "simd and not baseline_isa" "$ROOT/tests" --ignore="$ROOT/tests/test_simd_math.py" \
      "$@" > "$out/pytest.log" 2>&1; then echo 0; else echo $?; fi > "$out/pytest.rc") &
   pids+=($!)
@@ -226,6 +238,7 @@ for build in "${BUILDS[@]}"; do
   IFS='|' read -r name cc cxx <<<"$build"
   out=$WORK/build/$name
   echo "--- $name build, pytest (last lines of $out/pytest.log):"
+  grep -m1 "^loaded:" "$out/pytest.log" || echo "the $name library's load check printed nothing"
   tail -n 25 "$out/pytest.log"
   rc=$(cat "$out/pytest.rc")
   result=$(grep -E "^=* ?[0-9]+ (passed|failed)" "$out/pytest.log" | tail -1 | sed 's/=//g; s/ in [0-9.]*s.*//; s/^ *//')
