@@ -193,11 +193,11 @@ def test_bench_linear_head_section_runs_every_case():
         assert all(extra >= 0 for extra in size["extra_bytes"].values())
         assert all(ms > 0 for ms in size["median_ms"].values())
         assert set(size["times_ms"]) == set(cases)
-        for case, runs in size["extra_bytes_runs"].items():  # the median of MEMORY_REPEATS
-            assert len(runs) == lh.MEMORY_REPEATS
+        for case, runs in size["extra_bytes_runs"].items():  # one child per case with --quick
+            assert len(runs) == section["repeats"] == lh.QUICK_MEMORY_REPEATS
             assert size["extra_bytes"][case] == int(statistics.median(runs))
         for case, times in size["times_ms"].items():  # every child's timed steps
-            assert len(times) == lh.MEMORY_REPEATS * section["steps"] == lh.MEMORY_REPEATS
+            assert len(times) == lh.QUICK_MEMORY_REPEATS * section["steps"]
             assert size["median_ms"][case] == pytest.approx(statistics.median(times))
         assert set(size["errors"]) == {"fused", "dense_custom"}
         for errors in size["errors"].values():
@@ -214,6 +214,42 @@ def test_bench_linear_head_section_runs_every_case():
     assert "TF_ENABLE_ONEDNN_OPTS" in section["backends"]
     table = bench.format_table(report)
     assert "linear head" in table and all(case in table for case in cases)
+
+
+def test_linear_head_children_take_turns_and_report_medians(monkeypatch):
+    """The section's bookkeeping without its children: each repeat runs every case once, one
+    case later each time; only the first repeat measures errors; the medians are over the
+    children; a case whose child fails is not run again and has no median."""
+    from tf_metal_ops.tools.bench import linear_head as lh
+
+    calls = []
+
+    def fake_child(argv):
+        case = argv[1]
+        calls.append((case, "--no-errors" not in argv))
+        n = len(calls)
+        if case == "dense_keras" and n > 3:
+            return None, "out of memory"
+        found = {"extra_bytes": 1000 * n, "times_ms": [float(n)], "backends": {"blas": "x"}}
+        if "--no-errors" not in argv:
+            found["errors"] = {"loss": 0.0}
+        return found, None
+
+    monkeypatch.setattr(lh, "run_child", fake_child)
+    section = lh.measure(4, 2, (7,), 1, repeats=3)
+    names = [name for name, _ in lh.CASES]
+    # the third repeat starts at dense_keras, which failed in the second and is left out
+    assert [case for case, _ in calls] == names + names[1:] + names[:1] + names[:2]
+    assert [errors for _, errors in calls] == [True] * 3 + [False] * 5
+    size = section["sizes"][0]
+    assert section["repeats"] == 3 and "in 3 processes" in section["method"]
+    assert size["failures"] == {"dense_keras": "out of memory"}
+    assert set(size["median_ms"]) == {"fused", "dense_custom"}
+    assert size["extra_bytes_runs"] == {"fused": [1000, 6000, 7000],
+                                        "dense_custom": [2000, 4000, 8000]}
+    assert size["median_ms"] == {"fused": 6.0, "dense_custom": 4.0}
+    assert size["extra_bytes"] == {"fused": 6000, "dense_custom": 4000}
+    assert size["errors"] == {name: {"loss": 0.0} for name in names}  # the first children's
 
 
 def test_bench_metal_kernel_row_reports_both_medians_and_their_ratio():

@@ -9,8 +9,9 @@ language model's head: the mean loss and its gradients with respect to h, W and 
     dense_custom    h @ W + b (what Dense(V) computes), then tf_metal_ops.CustomLoss()
     dense_keras     h @ W + b, then keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
-Per case, in its own child process (MEMORY_REPEATS of them, the cases in turn and the order
-rotated each time, the medians taken), a warm-up step and `steps` timed steps:
+Per case, in its own child process (MEMORY_REPEATS of them, QUICK_MEMORY_REPEATS with
+`--quick`; the cases in turn and the order rotated each time, the medians taken), a warm-up
+step and `steps` timed steps:
 - the peak extra memory of all of them (VmHWM after clear_refs minus VmRSS after tracing,
   before any step ran: unlike `lm_head_memory`, which starts after a warm-up step, this counts
   what allocators keep between steps);
@@ -48,6 +49,7 @@ DEFAULT_ROWS, DEFAULT_HIDDEN, DEFAULT_CLASSES = 8192, 512, (32000, 128256)
 QUICK_ROWS, QUICK_HIDDEN, QUICK_CLASSES = 64, 16, (300,)
 DEFAULT_STEPS, QUICK_STEPS = 1, 1  # timed steps of a child after its warm-up
 MEMORY_REPEATS = 3  # children per case; the medians are reported
+QUICK_MEMORY_REPEATS = 1  # `--quick` proves the section runs: one child per case
 ERROR_ROWS, ERROR_CHUNK = 256, 100
 FUSED_CASES = ("fused",)
 MEMORY_TARGET = 1 / 8  # fused's extra memory over each composition's
@@ -190,14 +192,14 @@ def backends() -> Dict[str, Any]:
 
 
 def measure(rows: int, hidden: int, classes: Sequence[int], steps: int,
-            progress=None) -> Dict[str, Any]:
-    """The section: every case at every vocabulary size, MEMORY_REPEATS child processes per
-    case, each giving its memory and its steps' times."""
+            progress=None, repeats: int = MEMORY_REPEATS) -> Dict[str, Any]:
+    """The section: every case at every vocabulary size, `repeats` child processes per case,
+    each giving its memory and its steps' times."""
 
     results: Dict[str, Any] = {
-        "rows": rows, "hidden": hidden, "steps": steps, "repeats": MEMORY_REPEATS,
+        "rows": rows, "hidden": hidden, "steps": steps, "repeats": repeats,
         "dtype": "float32",
-        "method": (f"each case in {MEMORY_REPEATS} processes, the cases in turn: memory, VmHWM "
+        "method": (f"each case in {repeats} processes, the cases in turn: memory, VmHWM "
                    f"after clear_refs minus VmRSS before any step ran (a warm-up and {steps} "
                    f"timed steps), and the timed steps' time; medians over the processes"),
         "cases": {name: description for name, description in CASES},
@@ -210,7 +212,7 @@ def measure(rows: int, hidden: int, classes: Sequence[int], steps: int,
         names = [case for case, _ in CASES]
         memory: Dict[str, List[int]] = {case: [] for case in names}
         times: Dict[str, List[float]] = {case: [] for case in names}
-        for repeat in range(MEMORY_REPEATS):  # the cases in turn, one case later each time
+        for repeat in range(repeats):  # the cases in turn, one case later each time
             for k in range(len(names)):
                 case = names[(repeat + k) % len(names)]
                 if case in size["failures"]:

@@ -725,8 +725,10 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     total = sum(len(CASES) * (repeats + 1) for _, _, repeats in plan)
     total += len(MEMORY_CASES) + len(LM_HEAD_CASES) if do_memory else 0
     if only_linear_head or getattr(args, "linear_head", False):
-        total += bench_linear_head.MEMORY_REPEATS * len(bench_linear_head.CASES) * len(
-            bench_linear_head.QUICK_CLASSES if args.quick else bench_linear_head.DEFAULT_CLASSES)
+        lh = bench_linear_head
+        total += len(lh.CASES) * (
+            lh.QUICK_MEMORY_REPEATS * len(lh.QUICK_CLASSES) if args.quick
+            else lh.MEMORY_REPEATS * len(lh.DEFAULT_CLASSES))
     metal_kernel = _metal_kernel_plan(args)
     if metal_kernel is not None:
         total += len(bench_metal_kernel.CASES) * metal_kernel[1]
@@ -785,7 +787,8 @@ def _run_plan(args: argparse.Namespace, plan, do_memory: bool, memory_size: Tupl
         lh = bench_linear_head
         report["linear_head"] = (
             lh.measure(lh.QUICK_ROWS, lh.QUICK_HIDDEN, lh.QUICK_CLASSES,
-                       args.repeats or lh.QUICK_STEPS, progress) if args.quick
+                       args.repeats or lh.QUICK_STEPS, progress, lh.QUICK_MEMORY_REPEATS)
+            if args.quick
             else lh.measure(lh.DEFAULT_ROWS, lh.DEFAULT_HIDDEN, lh.DEFAULT_CLASSES,
                             args.repeats or lh.DEFAULT_STEPS, progress))
     metal_kernel = _metal_kernel_plan(args)
