@@ -56,7 +56,8 @@ its instructions per element, which load does not move; elsewhere the report say
 
 `--linear-head` adds the section of tf_metal_ops/tools/bench/linear_head.py (linear_cross_entropy
 against Dense(V) + CustomLoss and Dense(V) + Keras's sparse cross-entropy: memory, time and
-error against float64, N = 8192, d = 512, V in {32000, 128256}; tiny sizes with `--quick`);
+error against float64, N = 8192, d = 512, V in {32000, 128256}; tiny sizes and one process
+per case instead of three with `--quick`);
 `--linear-head-only` runs that section alone.
 
 The metal_kernel row (tf_metal_ops/tools/bench/metal_kernel.py, on unless `--no-metal-kernel` or
