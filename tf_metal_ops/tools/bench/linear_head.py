@@ -191,6 +191,14 @@ def backends() -> Dict[str, Any]:
             "cpu_threads": _native.runtime().get_cpu_threads()}
 
 
+def settings(quick: bool) -> Tuple[int, int, Tuple[int, ...], int, int]:
+    """(rows, hidden, classes, steps, repeats) of the section: tiny sizes and one child per case
+    with `--quick`, which only proves that the section runs."""
+    if quick:
+        return QUICK_ROWS, QUICK_HIDDEN, QUICK_CLASSES, QUICK_STEPS, QUICK_MEMORY_REPEATS
+    return DEFAULT_ROWS, DEFAULT_HIDDEN, DEFAULT_CLASSES, DEFAULT_STEPS, MEMORY_REPEATS
+
+
 def measure(rows: int, hidden: int, classes: Sequence[int], steps: int,
             progress=None, repeats: int = MEMORY_REPEATS) -> Dict[str, Any]:
     """The section: every case at every vocabulary size, `repeats` child processes per case,

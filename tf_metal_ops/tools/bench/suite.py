@@ -726,10 +726,8 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     total = sum(len(CASES) * (repeats + 1) for _, _, repeats in plan)
     total += len(MEMORY_CASES) + len(LM_HEAD_CASES) if do_memory else 0
     if only_linear_head or getattr(args, "linear_head", False):
-        lh = bench_linear_head
-        total += len(lh.CASES) * (
-            lh.QUICK_MEMORY_REPEATS * len(lh.QUICK_CLASSES) if args.quick
-            else lh.MEMORY_REPEATS * len(lh.DEFAULT_CLASSES))
+        _, _, classes, _, repeats = bench_linear_head.settings(args.quick)
+        total += len(bench_linear_head.CASES) * repeats * len(classes)
     metal_kernel = _metal_kernel_plan(args)
     if metal_kernel is not None:
         total += len(bench_metal_kernel.CASES) * metal_kernel[1]
@@ -785,13 +783,9 @@ def _run_plan(args: argparse.Namespace, plan, do_memory: bool, memory_size: Tupl
         report["lm_head_memory"] = measure_lm_head_memory(
             *(QUICK_LM_HEAD_SIZE if args.quick else DEFAULT_LM_HEAD_SIZE), progress)
     if getattr(args, "linear_head", False) or getattr(args, "linear_head_only", False):
-        lh = bench_linear_head
-        report["linear_head"] = (
-            lh.measure(lh.QUICK_ROWS, lh.QUICK_HIDDEN, lh.QUICK_CLASSES,
-                       args.repeats or lh.QUICK_STEPS, progress, lh.QUICK_MEMORY_REPEATS)
-            if args.quick
-            else lh.measure(lh.DEFAULT_ROWS, lh.DEFAULT_HIDDEN, lh.DEFAULT_CLASSES,
-                            args.repeats or lh.DEFAULT_STEPS, progress))
+        rows, hidden, classes, steps, repeats = bench_linear_head.settings(args.quick)
+        report["linear_head"] = bench_linear_head.measure(
+            rows, hidden, classes, args.repeats or steps, progress, repeats)
     metal_kernel = _metal_kernel_plan(args)
     if metal_kernel is not None:
         report["metal_kernel"] = bench_metal_kernel.measure(*metal_kernel, progress)
