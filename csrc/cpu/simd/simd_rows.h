@@ -594,6 +594,20 @@ TMO_SIMD_INLINE RowSoftmax ReadRowStats(const float* stats, int64_t row) {
 // The lanes whose p > 1/2: recompute them in scalar (see the top of this file).
 TMO_SIMD_INLINE VI NeedsScalar(VF p) { return p > Splat(0.5f); }
 
+// The focal loss terms (into `loss`, unless null) and factors (into `factor`, unless null) of
+// the lanes in `fix`, in scalar. A function of its own, called rarely (at most one class of a
+// row has p > 1/2): inlined into each unrolled vector of every focal variant, the scalar
+// functions were most of the variants' code and compile time, for no speed.
+__attribute__((noinline, cold)) inline void RecomputeInScalar(const VI& fix, const VF& lp,
+                                                             const VF& w, float gamma, VF* loss,
+                                                             VF* factor) {
+  for (int i = 0; i < kLanes; ++i) {
+    if (!fix[i]) continue;
+    if (loss != nullptr) (*loss)[i] = kernels::loss_term(lp[i], w[i], gamma);
+    if (factor != nullptr) (*factor)[i] = kernels::focal_gradient_factor(lp[i], gamma);
+  }
+}
+
 // The softmax quantities as vectors: one row's RowSoftmax in every lane, or one row per lane
 // for a group of rows with few classes (simd_row_groups.h), which the passes below serve alike.
 struct SoftmaxLanes {
@@ -674,11 +688,8 @@ struct FocalTermsOp {
     if constexpr (kCheckScalar) {
       const VI fix = NeedsScalar(p);
       if (Any(fix)) {
-        for (int i = 0; i < kLanes; ++i) {
-          if (!fix[i]) continue;
-          if constexpr (kLoss) loss[i] = kernels::loss_term(lp[i], w[i], gamma);
-          if constexpr (kFactor) factor[i] = kernels::focal_gradient_factor(lp[i], gamma);
-        }
+        RecomputeInScalar(fix, lp, w, gamma, kLoss ? &loss : nullptr,
+                          kFactor ? &factor : nullptr);
       }
     }
     if constexpr (kFactor) factor = w * factor;
