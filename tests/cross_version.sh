@@ -83,24 +83,11 @@ for version in "${VERSIONS[@]}"; do
   echo "all $(nm -D --undefined-only "$library" | awk '{print $NF}' | grep -c '^TF_') TF_* imports are defined"
 
   step "TensorFlow $version: the tests marked tf_abi"
-  # From the work dir, so `import tf_metal_ops` finds the installed wheel, not the checkout.
-  (cd "$WORK" && "$venv/bin/python" - "$site" <<'PY'
-import sys
-from pathlib import Path
-
-import tensorflow as tf
-
-import tf_metal_ops
-
-info = tf_metal_ops.build_info()
-print("TensorFlow", tf.__version__, info)
-assert Path(info["library_path"]).resolve().is_relative_to(Path(sys.argv[1]).resolve()), (
-    f"loaded {info['library_path']}, not the wheel installed in {sys.argv[1]}")
-PY
-  )
+  # From the work dir, so `import tf_metal_ops` finds the installed wheel, not the checkout;
+  # tests/library_copy.py checks that it does before running the tests.
   # -n 0: one process (pyproject.toml's addopts ask for two), beside CI's sanitizer step.
-  (cd "$WORK" && TF_CPP_MIN_LOG_LEVEL=2 "$venv/bin/python" -m pytest -p no:cacheprovider -q \
-     -n 0 -m tf_abi "$ROOT/tests")
+  (cd "$WORK" && TF_CPP_MIN_LOG_LEVEL=2 "$venv/bin/python" "$ROOT/tests/library_copy.py" \
+     pytest "$site" -p no:cacheprovider -q -n 0 -m tf_abi "$ROOT/tests")
   summary+=("TensorFlow $version: ok in $(( $(date +%s) - t0 ))s")
   rm -rf "$venv"  # ~1.5 GB each
 done

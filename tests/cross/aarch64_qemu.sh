@@ -153,11 +153,8 @@ for build in "${BUILDS[@]}"; do
   compiler_tag=$([ "$name" = clang ] && echo "clang version 16" || echo "GCC: .*12\.")
   readelf -p .comment "$library" | grep -q "$compiler_tag" || fail "$library was not built by $name"
 
-  # A package copy next to the library, as tests/sanitizer/build_and_run.sh does.
-  mkdir -p "$out/pkg"
-  cp -r "$ROOT/tf_metal_ops" "$out/pkg/"
-  find "$out/pkg" \( -name "_tf_metal_ops*.so" -o -name "*.dylib" -o -name "__pycache__" \) -prune -exec rm -rf {} +
-  cp "$library" "$out/pkg/tf_metal_ops/"
+  # A package copy next to the library, as tests/sanitizer/build_and_run.sh makes.
+  "$PYTHON" "$ROOT/tests/library_copy.py" make "$out/pkg" "$library"
 
   # The vector math check, with the flags of tests/test_simd_math.py's baseline build; it runs
   # below, beside the other build's.
@@ -198,20 +195,8 @@ done
 # above, under qemu, against the same bounds.
 step "tests marked simd (less baseline_isa) under qemu-aarch64, both builds side by side"
 # Each build's tests run in one emulated Python that first checks the library it loads is that
-# build's (TensorFlow's import under emulation takes about 40 s: once per build, not twice).
-cat > "$WORK/run_tests.py" <<'EOF'
-import sys
-from pathlib import Path
-
-import pytest
-from tf_metal_ops import _native
-
-_native.load()
-loaded = Path(_native.library_path()).resolve()
-assert loaded.is_relative_to(Path(sys.argv[1]).resolve()), f"loaded {loaded}, not {sys.argv[1]}"
-print("loaded:", loaded, flush=True)
-sys.exit(pytest.main(sys.argv[2:]))
-EOF
+# build's (tests/library_copy.py; TensorFlow's import under emulation takes about 40 s: once per
+# build, not twice).
 pids=()
 for build in "${BUILDS[@]}"; do
   IFS='|' read -r name cc cxx <<<"$build"
@@ -225,8 +210,8 @@ for build in "${BUILDS[@]}"; do
   # side by side on the two cores.
   # The status goes to pytest.rc either way (under set -e a failing pytest would otherwise end
   # the subshell before it is written, and the wait below the script before the logs are shown).
-  (if cd "$out" && OPENBLAS_CORETYPE=NEOVERSEN1 PYTHONPATH="$out/pkg:$SITE" "$EMULATED" "$WORK/run_tests.py" \
-     "$out/pkg" -p no:cacheprovider -q -ra -n 0 \
+  (if cd "$out" && OPENBLAS_CORETYPE=NEOVERSEN1 PYTHONPATH="$out/pkg:$SITE" "$EMULATED" \
+     "$ROOT/tests/library_copy.py" pytest "$out/pkg" -p no:cacheprovider -q -ra -n 0 \
      -m "simd and not baseline_isa" "$ROOT/tests" --ignore="$ROOT/tests/test_simd_math.py" \
      "$@" > "$out/pytest.log" 2>&1; then echo 0; else echo $?; fi > "$out/pytest.rc") &
   pids+=($!)

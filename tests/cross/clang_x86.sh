@@ -15,7 +15,8 @@
 #
 # As tests/sanitizer/build_and_run.sh does, the tests see the clang library through a copy of
 # the package's Python files next to it, first on PYTHONPATH, with pytest run from outside the
-# checkout; the script checks that the library loaded is that one and was built by clang.
+# checkout (tests/library_copy.py, which checks that the library loaded is that one); the
+# script checks that it was built by clang.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -43,31 +44,14 @@ LIBRARY=$(ls "$WORK"/lib/tf_metal_ops/_tf_metal_ops*.so)
 # Every object file of ours leaves clang's identification in .comment (gcc's comes from crt files).
 readelf -p .comment "$LIBRARY" | grep -q "clang version" || { echo "$LIBRARY was not built by clang" >&2; exit 2; }
 
-rm -rf "$WORK/pkg"
-mkdir -p "$WORK/pkg"
-cp -r "$ROOT/tf_metal_ops" "$WORK/pkg/"
-find "$WORK/pkg" \( -name "_tf_metal_ops*.so" -o -name "*.dylib" -o -name "__pycache__" \) -prune -exec rm -rf {} +
-cp "$LIBRARY" "$WORK/pkg/tf_metal_ops/"
+"$PYTHON" "$ROOT/tests/library_copy.py" make "$WORK/pkg" "$LIBRARY"
 export PYTHONPATH="$WORK/pkg${PYTHONPATH:+:$PYTHONPATH}"
 export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}
 cd "$WORK"
 
-step "checking that the clang library is the one loaded"
-"$PYTHON" - "$WORK/pkg" <<'EOF'
-import sys
-from pathlib import Path
-
-from tf_metal_ops import _native
-
-_native.load()
-loaded = Path(_native.library_path()).resolve()
-assert loaded.is_relative_to(Path(sys.argv[1]).resolve()), f"loaded {loaded}, not the clang copy"
-print("clang library:", loaded)
-EOF
-
 step "tests marked simd against the clang build (test_simd_math.py's checks built with $CLANG)"
-CXX="$CLANG" "$PYTHON" -m pytest -p no:cacheprovider -q -ra -m simd "$ROOT/tests" "$@" \
-  | tee "$WORK/pytest.log"
+CXX="$CLANG" "$PYTHON" "$ROOT/tests/library_copy.py" pytest "$WORK/pkg" \
+  -p no:cacheprovider -q -ra -m simd "$ROOT/tests" "$@" | tee "$WORK/pytest.log"
 result=$(grep -E "^=* ?[0-9]+ (passed|failed)" "$WORK/pytest.log" | tail -1 | sed 's/=//g; s/ in [0-9.]*s.*//; s/^ *//')
 step "done"
 echo "clang x86-64: ${result} (marker: simd)"

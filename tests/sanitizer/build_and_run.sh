@@ -14,8 +14,9 @@
 #
 # How the tests see the sanitized library without touching the checkout: the package's Python
 # files are copied into $SANITIZER_WORK/pkg/tf_metal_ops next to the sanitized library, and
-# pytest runs from $SANITIZER_WORK with that directory first on PYTHONPATH. The script checks
-# that the library actually loaded is the sanitized one before running anything.
+# pytest runs from $SANITIZER_WORK with that directory first on PYTHONPATH
+# (tests/library_copy.py, which checks in the test process that the library actually loaded is
+# the sanitized one before running anything).
 #
 # Why these settings:
 #   LD_PRELOAD of the ASan runtime (and libstdc++, see below): Python itself is not
@@ -88,14 +89,9 @@ if [ "$(nm -D --undefined-only "$LIBRARY" | grep -c "__asan_report")" -eq 0 ]; t
 fi
 
 step "a package copy next to the sanitized library"
-rm -rf "$WORK/pkg"
-mkdir -p "$WORK/pkg"
-cp -r "$ROOT/tf_metal_ops" "$WORK/pkg/"
-find "$WORK/pkg" \( -name "_tf_metal_ops*.so" -o -name "*.dylib" -o -name "__pycache__" \) -prune -exec rm -rf {} +
-cp "$LIBRARY" "$WORK/pkg/tf_metal_ops/"
-# The MSL emulator's sources, which build_ext installed next to the library: metal_kernel
+# With the MSL emulator's sources, which build_ext installed next to the library: metal_kernel
 # compiles users' kernels against them.
-cp -r "$WORK/lib/tf_metal_ops/emulator" "$WORK/pkg/tf_metal_ops/"
+"$PYTHON" "$ROOT/tests/library_copy.py" make "$WORK/pkg" "$LIBRARY" "$WORK/lib/tf_metal_ops/emulator"
 
 # libstdc++ is preloaded too: Python is a C program, so without it ASan's __cxa_throw
 # interceptor finds no real __cxa_throw at start-up and the first C++ exception (TensorFlow
@@ -113,23 +109,9 @@ export TF_METAL_OPS_CLANG="$CXX"
 export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}
 cd "$WORK"
 
-step "checking that the sanitized library is the one loaded"
-"$PYTHON" - "$WORK/pkg" <<'EOF'
-import ctypes
-import sys
-from pathlib import Path
-
-import tf_metal_ops
-from tf_metal_ops import _native
-
-_native.load()
-loaded = Path(_native.library_path()).resolve()
-assert loaded.is_relative_to(Path(sys.argv[1]).resolve()), f"loaded {loaded}, not the sanitized copy"
-ctypes.CDLL(None).__asan_init  # the preloaded runtime is live in this process
-print("sanitized library:", loaded)
-EOF
-
-step "tests marked native under ASan + UBSan"
-"$PYTHON" -m pytest -p no:cacheprovider -q -ra -m native "$ROOT/tests" \
+step "tests marked native under ASan + UBSan (first: the sanitized library is the one loaded)"
+# __asan_init: the preloaded runtime is live in the test process.
+"$PYTHON" "$ROOT/tests/library_copy.py" pytest "$WORK/pkg" --require-symbol __asan_init \
+  -p no:cacheprovider -q -ra -m native "$ROOT/tests" \
   -k "not memory_stays_flat and not error_path_leaks" "$@"
 step "done"
