@@ -13,6 +13,8 @@ in test_cli.py).
 
 from __future__ import annotations
 
+import re
+
 import keras
 import numpy as np
 import pytest
@@ -252,6 +254,57 @@ def test_the_gradient_under_xla_reuses_the_forward_exponentials(loss_kwargs):
     # In one XLA program the gradient takes p = e * (1 / sum) from the forward's e = exp(z - m),
     # as the native kernels do: one exponential per logit, not a second one for the gradient.
     assert _exponentials_per_logit(loss_kwargs) == 1
+
+
+def _peak_live_float32_temporaries(hlo: str, rows: int, cols: int) -> int:
+    """The most float32 [rows, cols] values that the entry computation of XLA's scheduled
+    program keeps alive at once: each from the instruction that makes it (instructions are
+    printed in schedule order) to its last user needs an N x C buffer of its own."""
+    entry = hlo[hlo.index("\nENTRY"):].split("\n}\n")[0].splitlines()[1:]
+    made, last_use = {}, {}
+    for i, line in enumerate(entry):
+        match = re.match(r"\s*(?:ROOT )?(%\S+) = (\S+) ([\w-]+)\((.*)", line)
+        if not match:
+            continue
+        name, shape, op, rest = match.groups()
+        if op != "parameter" and shape.startswith(f"f32[{rows},{cols}]"):
+            made[name] = i
+        for operand in re.findall(r"%[\w.-]+", rest.split("), ")[0]):
+            last_use[operand] = i
+    spans = [(start, last_use.get(name, len(entry))) for name, start in made.items()]
+    return max((sum(start <= i < end for start, end in spans) for i in range(len(entry))),
+               default=0)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_under_xla_no_more_float32_temporaries_live_than_in_keras_composition(dtype):
+    # Each float32 N x C temporary is fresh memory, page faults and all, on every step where
+    # TensorFlow's allocator does not cache (docs/performance.md, "Under XLA"). 16-bit logits
+    # add a float32 copy of them; the composed path then sums its tie count before it writes
+    # its exponentials, which take the tie terms' buffer.
+    rows, cols = 64, 1000
+    logits = tf.zeros((rows, cols), dtype)
+    labels = tf.zeros((rows,), tf.int32)
+    ours = tf_metal_ops.CustomLoss(label_smoothing=0.1,
+                                   dtype=None if dtype == "float32" else dtype)
+    theirs = keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=0.1)
+    one_hot = tf.one_hot(labels, cols, dtype=dtype)
+
+    def peak_of(loss_fn) -> int:
+        @tf.function(jit_compile=True)
+        def step(z):
+            with tf.GradientTape() as tape:
+                tape.watch(z)
+                loss = loss_fn(z)
+            return loss, tape.gradient(loss, z)
+
+        hlo = step.experimental_get_compiler_ir(logits)(stage="optimized_hlo")
+        return _peak_live_float32_temporaries(hlo, rows, cols)
+
+    peaks = {"ours": peak_of(lambda z: ours(labels, z)),
+             "keras": peak_of(lambda z: theirs(one_hot, z))}
+    assert peaks["keras"] >= 1, "the HLO parse found no temporaries"
+    assert peaks["ours"] <= peaks["keras"], peaks
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

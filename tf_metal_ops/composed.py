@@ -70,11 +70,13 @@ class _RowSoftmax(NamedTuple):
 
 def _row_log_softmax(z: tf.Tensor, shift_weights: Optional[tf.Tensor] = None,
                      with_shifted_sum: bool = False,
-                     nan_rows: Optional[tf.Tensor] = None) -> _RowSoftmax:
+                     nan_rows: Optional[tf.Tensor] = None,
+                     ties_first: bool = False) -> _RowSoftmax:
     """The row statistics of `z` (kernels/custom_loss_math.h); with `with_shifted_sum` also
     S = sum_c w_c (z - m) (w_c the `shift_weights`, broadcast against z, or 1; a term of weight
     0 is 0, also at z = -inf). log_sum and inv_sum are NaN where `nan_rows` (a mask of the rows,
-    or a scalar) is True, so every log p and p of such a row is NaN."""
+    or a scalar) is True, so every log p and p of such a row is NaN. `ties_first`: long rows
+    sum their tie count before they write exp(z - m) (see the caller)."""
     lowest = np.finfo(z.dtype.as_numpy_dtype).min
     # Started at the lowest finite value, so a row of -inf logits never forms -inf - (-inf).
     m = tf.maximum(tf.reduce_max(z, axis=-1), lowest)
@@ -86,20 +88,32 @@ def _row_log_softmax(z: tf.Tensor, shift_weights: Optional[tf.Tensor] = None,
     # whole row NaN as in the native op (the softmax is inf / inf). The tie count is summed as
     # floats selected by the test, not as the test cast to float: XLA (TensorFlow 2.21) sums a
     # float tensor with its fast row reduction (YNNPACK's), a cast predicate in slower windows.
-    others_terms = tf.where(tie, shifted, tf.exp(shifted))
-    parts = [others_terms, tf.where(tie, tf.ones_like(z), tf.zeros_like(z))]
+    tie_terms = tf.where(tie, tf.ones_like(z), tf.zeros_like(z))
+    shift_terms = None
     if with_shifted_sum:
-        parts.append(shifted if shift_weights is None else _not_zero(shift_weights, shifted))
+        shift_terms = shifted if shift_weights is None else _not_zero(shift_weights, shifted)
     if _short_rows(z):
         # Short rows: one reduction over the stacked terms, which XLA compiles as one loop
         # reading the row once for all the sums.
+        others_terms = tf.where(tie, shifted, tf.exp(shifted))
+        parts = [others_terms, tie_terms] + ([shift_terms] if with_shifted_sum else [])
         sums = tf.unstack(tf.reduce_sum(tf.stack(parts), axis=-1))
     else:
         # Long rows: one reduction per sum. Stacked, or as the two parts of one complex sum,
         # XLA writes the terms out whole (2 or 3 x N x C, fresh pages on every step where
         # TensorFlow's allocator does not cache) and sums them in windows, slower than
         # separate row sums (docs/performance.md, "Under XLA").
-        sums = [tf.reduce_sum(part, axis=-1) for part in parts]
+        ties = tf.reduce_sum(tie_terms, axis=-1)
+        m_of_e = m
+        if ties_first:
+            # m through a test of the tie count that always holds (a count is never
+            # negative): XLA then sums the tie terms before it writes the exponentials, which
+            # take the tie terms' buffer instead of one of their own.
+            m_of_e = tf.where(ties >= 0, m, tf.fill(tf.shape(m), tf.constant(np.nan, z.dtype)))
+        others_terms = tf.where(tie, shifted, tf.exp(z - m_of_e[..., None]))
+        sums = [tf.reduce_sum(others_terms, axis=-1), ties]
+        if with_shifted_sum:
+            sums.append(tf.reduce_sum(shift_terms, axis=-1))
     others, ties = sums[0], sums[1]
     # No tie (ties = 0) only in a row of -inf logits, where others = 0 and log1p(-1) = -inf =
     # log(0), or in a row with a NaN, where others is NaN: one log1p serves every row. Under
@@ -313,11 +327,18 @@ def custom_loss(
         share = tf.cast(num_classes, acc) if weights is None else tf.reduce_sum(weights)
         return ((1.0 - eps) * w_y + eps / tf.cast(num_classes, acc) * share)[..., None]
 
+    # 16-bit logits: z is a float32 copy, which XLA writes out as an N x C temporary beside
+    # exp(z - m) and the tie terms. With the tie count summed first, the exponentials take the
+    # tie terms' buffer: one N x C temporary fewer, fresh pages on every step where TensorFlow's
+    # allocator does not cache (docs/performance.md, "Under XLA"). Float32 logits have as many
+    # temporaries either way, and the order only takes away XLA's concurrency.
+    ties_first = logits.dtype != acc
+
     @tf.custom_gradient
     def loss_of(logits_in: tf.Tensor):
         z = tf.cast(logits_in, acc)
         if labelled_only:
-            sm = _row_log_softmax(z, nan_rows=nan_rows)
+            sm = _row_log_softmax(z, nan_rows=nan_rows, ties_first=ties_first)
             m, log_sum = sm.m, sm.log_sum
             lp_y = (tf.cast(at_label(logits_in), acc) - m) - log_sum
             loss_factor, _ = _focal_factors(lp_y, gamma)
@@ -341,7 +362,7 @@ def custom_loss(
             loss = tf.where(total[..., 0] == 0, tf.zeros_like(log_sum),
                             total[..., 0] * log_sum - shifted)
         else:
-            sm = _row_log_softmax(z, nan_rows=nan_rows)
+            sm = _row_log_softmax(z, nan_rows=nan_rows, ties_first=ties_first)
             m, log_sum = sm.m, sm.log_sum
             total = total_weight() if gamma == 0.0 else None
             loss_factor, _ = _focal_factors(log_p(logits_in, m, log_sum), gamma)
