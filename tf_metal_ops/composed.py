@@ -104,13 +104,14 @@ def _row_log_softmax(z: tf.Tensor, shift_weights: Optional[tf.Tensor] = None,
         # TensorFlow's allocator does not cache) and sums them in windows, slower than
         # separate row sums (docs/performance.md, "Under XLA").
         ties = tf.reduce_sum(tie_terms, axis=-1)
-        m_of_e = m
+        exp_of = shifted
         if ties_first:
             # m through a test of the tie count that always holds (a count is never
             # negative): XLA then sums the tie terms before it writes the exponentials, which
             # take the tie terms' buffer instead of one of their own.
             m_of_e = tf.where(ties >= 0, m, tf.fill(tf.shape(m), tf.constant(np.nan, z.dtype)))
-        others_terms = tf.where(tie, shifted, tf.exp(z - m_of_e[..., None]))
+            exp_of = z - m_of_e[..., None]
+        others_terms = tf.where(tie, shifted, tf.exp(exp_of))
         sums = [tf.reduce_sum(others_terms, axis=-1), ties]
         if with_shifted_sum:
             sums.append(tf.reduce_sum(shift_terms, axis=-1))
@@ -327,12 +328,13 @@ def custom_loss(
         share = tf.cast(num_classes, acc) if weights is None else tf.reduce_sum(weights)
         return ((1.0 - eps) * w_y + eps / tf.cast(num_classes, acc) * share)[..., None]
 
-    # 16-bit logits: z is a float32 copy, which XLA writes out as an N x C temporary beside
-    # exp(z - m) and the tie terms. With the tie count summed first, the exponentials take the
-    # tie terms' buffer: one N x C temporary fewer, fresh pages on every step where TensorFlow's
-    # allocator does not cache (docs/performance.md, "Under XLA"). Float32 logits have as many
-    # temporaries either way, and the order only takes away XLA's concurrency.
-    ties_first = logits.dtype != acc
+    # 16-bit logits under XLA: z is a float32 copy, which XLA writes out as an N x C temporary
+    # beside exp(z - m) and the tie terms. With the tie count summed first, the exponentials take
+    # the tie terms' buffer: one N x C temporary fewer, fresh pages on every step where
+    # TensorFlow's allocator does not cache (docs/performance.md, "Under XLA"). Float32 logits
+    # have as many temporaries either way, and the order only takes away XLA's concurrency;
+    # outside XLA each op has a buffer of its own whatever the order.
+    ties_first = in_xla and logits.dtype != acc
 
     @tf.custom_gradient
     def loss_of(logits_in: tf.Tensor):
