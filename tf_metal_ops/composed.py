@@ -109,7 +109,7 @@ def _row_log_softmax(z: tf.Tensor, shift_weights: Optional[tf.Tensor] = None,
             # m through a test of the tie count that always holds (a count is never
             # negative): XLA then sums the tie terms before it writes the exponentials, which
             # take the tie terms' buffer instead of one of their own.
-            m_of_e = tf.where(ties >= 0, m, tf.fill(tf.shape(m), tf.constant(np.nan, z.dtype)))
+            m_of_e = tf.where(ties >= 0, m, tf.constant(np.nan, z.dtype))
             exp_of = z - m_of_e[..., None]
         others_terms = tf.where(tie, shifted, tf.exp(exp_of))
         sums = [tf.reduce_sum(others_terms, axis=-1), ties]
