@@ -391,6 +391,21 @@ const Refused kRefused[] = {
     {"matrix", Use::kType, "matrix types"},
 };
 
+// Functions of the C and C++ math libraries that the Metal Shading Language does not have (its
+// math functions are those docs/kernels.md lists, from the MSL specification's tables). The
+// emulator's host compiler would take them from <cmath>, and the kernel would then pass every
+// test off the Mac and fail to compile on it, so they are refused where called, unless the
+// source declares a function of that name itself (MLX, for one, writes its own erf:
+// mlx/backend/metal/kernels/erf.h).
+const char* const kNotMslFunctions[] = {
+    "erf", "erff", "erfc", "erfcf", "log1p", "log1pf", "expm1", "expm1f", "cbrt", "cbrtf", "hypot",
+    "hypotf", "lgamma", "lgammaf", "tgamma", "tgammaf", "logb", "logbf", "scalbn", "scalbnf",
+    "scalbln", "scalblnf", "nearbyint", "nearbyintf", "lrint", "lrintf", "llrint", "llrintf",
+    "lround", "lroundf", "llround", "llroundf", "remainder", "remainderf", "remquo", "remquof",
+    "nexttoward", "nexttowardf", "fpclassify", "isgreater", "isgreaterequal", "isless",
+    "islessequal", "islessgreater",
+};
+
 // `text` with comments, string and character literals blanked out (same length, so that
 // positions still match), as far as a C++ scanner needs for naming identifiers.
 std::string WithoutCommentsAndLiterals(const std::string& text) {
@@ -418,6 +433,40 @@ std::string WithoutCommentsAndLiterals(const std::string& text) {
     }
   }
   return out;
+}
+
+// The word before `text[at]`, skipping spaces ("" if something else stands there).
+std::string WordBefore(const std::string& text, size_t at) {
+  size_t end = at;
+  while (end > 0 && IsSpaceChar(text[end - 1])) --end;
+  size_t start = end;
+  while (start > 0 && IsWordChar(text[start - 1])) --start;
+  return text.substr(start, end - start);
+}
+
+// Whether `text` (without comments and literals) declares a function called `name`: the name
+// followed by '(' after a word that is not a statement's keyword (`float erf(float x)`, not
+// `return erf(x)` or `= erf(x)`).
+bool DeclaresFunction(const std::string& text, const std::string& name) {
+  static const char* const kBeforeCalls[] = {"return", "else", "case", "do", "throw", "new",
+                                             "sizeof", "co_return", "co_yield", "delete"};
+  for (size_t at = text.find(name); at != std::string::npos; at = text.find(name, at + 1)) {
+    const size_t end = at + name.size();
+    if ((at > 0 && IsWordChar(text[at - 1])) || (end < text.size() && IsWordChar(text[end]))) {
+      continue;
+    }
+    size_t next = end;
+    while (next < text.size() && IsSpaceChar(text[next])) ++next;
+    if (next >= text.size() || text[next] != '(') continue;
+    const std::string before = WordBefore(text, at);
+    if (before.empty() || std::isdigit(static_cast<unsigned char>(before[0]))) continue;
+    bool keyword = false;
+    for (const char* word : kBeforeCalls) {
+      keyword = keyword || std::strcmp(before.c_str(), word) == 0;
+    }
+    if (!keyword) return true;
+  }
+  return false;
 }
 
 }  // namespace
@@ -456,6 +505,16 @@ std::string UnsupportedFeature(const std::string& msl_source) {
                ") is not supported by the CPU path of metal_kernel: the MSL emulator's "
                "<metal_stdlib> has no " + refused.feature +
                " (docs/kernels.md lists what it covers)";
+      }
+    }
+    if (after == '(') {
+      for (const char* name : kNotMslFunctions) {
+        if (std::strcmp(word.c_str(), name) == 0 && !DeclaresFunction(text, word)) {
+          return word + " is not a function of the Metal Shading Language, so the Metal "
+                 "compiler rejects this kernel on a Mac; the CPU path refuses it too. Define "
+                 "it yourself in the kernel's header (docs/kernels.md lists MSL's math "
+                 "functions)";
+        }
       }
     }
     i = end;

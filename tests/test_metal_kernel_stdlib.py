@@ -2,10 +2,13 @@
 tf_metal_ops.metal_kernel and checked against NumPy (integers bit-exact, float32 within 1e-5
 relative): vector types and swizzles, math, integer functions, atomics, threadgroup memory and
 barriers, the SIMD-group and quad-group functions over active lanes; and what it refuses by
-name (textures, simdgroup_matrix, ray tracing, matrix types). docs/kernels.md lists the same.
+name (textures, simdgroup_matrix, ray tracing, matrix types; the C library's math functions that
+MSL lacks, such as erf). docs/kernels.md lists the same.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import pytest
@@ -403,3 +406,45 @@ def test_refused_names_used_otherwise_are_left_alone():
     (out,) = run(kernel, [np.array([1.5], np.float32)], [[1]], [tf.float32], (1, 1, 1),
                  (1, 1, 1))
     assert out[0] == 3.0
+
+
+# ---- C library math that MSL does not have ----------------------------------------------------
+
+@pytest.mark.parametrize("call, word", [
+    ("erf(x[0])", "erf"),
+    ("metal::erf(x[0])", "erf"),
+    ("precise::log1p(x[0])", "log1p"),
+    ("expm1 (x[0])", "expm1"),
+    ("erff(x[0])", "erff"),
+    ("lgamma(x[0])", "lgamma"),
+    ("hypot(x[0], 2.0f)", "hypot"),
+])
+def test_c_math_functions_msl_lacks_are_refused(call, word):
+    """The host compiler would take these from <cmath>; the Metal compiler has none of them."""
+    kernel = tf_metal_ops.metal_kernel("c_math", ["x"], ["out"], f"out[0] = {call};")
+    with pytest.raises(tf.errors.InvalidArgumentError) as error:
+        kernel(inputs=[tf.ones([1])], output_shapes=[[1]], output_dtypes=[tf.float32],
+               grid=(1, 1, 1), threadgroup=(1, 1, 1))
+    assert f"{word} is not a function of the Metal Shading Language" in str(error.value)
+
+
+def test_a_kernel_may_define_a_function_msl_lacks():
+    """erf written in the header, as MLX writes its own: compiled and called, not refused."""
+    header = """
+        // Abramowitz and Stegun 7.1.26: |error| < 1.5e-7, and float32 rounding
+        float erf(float v) {
+            const float t = 1.0f / (1.0f + 0.3275911f * fabs(v));
+            const float poly = t * (0.254829592f + t * (-0.284496736f + t * (1.421413741f
+                             + t * (-1.453152027f + t * 1.061405429f))));
+            return copysign(1.0f - poly * exp(-v * v), v);
+        }
+    """
+    source = """
+        const uint i = thread_position_in_grid.x;
+        const float remainder = x[i] * 0.5f;  // a variable named as a C function is left alone
+        out[i] = erf(x[i]) + remainder - remainder;
+    """
+    kernel = tf_metal_ops.metal_kernel("own_erf", ["x"], ["out"], source, header=header)
+    x = np.linspace(-3, 3, 25).astype(np.float32)
+    (out,) = run(kernel, [x], [x.shape], [tf.float32], (25, 1, 1), (25, 1, 1))
+    np.testing.assert_allclose(out, [math.erf(v) for v in x], atol=1e-6)
