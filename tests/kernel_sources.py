@@ -193,3 +193,21 @@ SIMD_BITWISE_SOURCE = """
         out[i * 6 + 4] = quad_or(v);
         out[i * 6 + 5] = quad_xor(v);
     """
+
+
+# A function MSL lacks (erf), written in the header as MLX writes its own (Abramowitz and Stegun
+# 7.1.26, |error| < 1.5e-7, and float32 rounding), beside a local variable named like a C
+# function: the kernel's own erf is called on every host compiler and under the CUDA stand-in.
+OWN_ERF_HEADER = """
+    float erf(float v) {
+        const float t = 1.0f / (1.0f + 0.3275911f * fabs(v));
+        const float poly = t * (0.254829592f + t * (-0.284496736f + t * (1.421413741f
+                         + t * (-1.453152027f + t * 1.061405429f))));
+        return copysign(1.0f - poly * exp(-v * v), v);
+    }
+"""
+OWN_ERF_SOURCE = """
+    const uint i = thread_position_in_grid.x;
+    const float remainder = x[i] * 0.5f;
+    out[i] = erf(x[i]) + remainder - remainder;
+"""

@@ -16,9 +16,10 @@ import tensorflow as tf
 
 import tf_metal_ops
 from kernel_sources import (ATOMICS_SOURCE, INTEGER_FUNCTIONS, INTEGER_FUNCTIONS_SOURCE,
-                            MATH_FUNCTIONS, MATH_SOURCE, SIMD_BITWISE_SOURCE, SIMD_REDUCTIONS,
-                            SIMD_REDUCTIONS_SOURCE, SIMD_SHUFFLES, SIMD_SHUFFLES_SOURCE,
-                            THREADGROUP_REVERSE_SOURCE, VECTOR_SOURCE)
+                            MATH_FUNCTIONS, MATH_SOURCE, OWN_ERF_HEADER, OWN_ERF_SOURCE,
+                            SIMD_BITWISE_SOURCE, SIMD_REDUCTIONS, SIMD_REDUCTIONS_SOURCE,
+                            SIMD_SHUFFLES, SIMD_SHUFFLES_SOURCE, THREADGROUP_REVERSE_SOURCE,
+                            VECTOR_SOURCE)
 
 RNG = np.random.default_rng(20261205)
 F32 = dict(rtol=1e-5, atol=1e-6)
@@ -429,22 +430,11 @@ def test_c_math_functions_msl_lacks_are_refused(call, word):
 
 
 def test_a_kernel_may_define_a_function_msl_lacks():
-    """erf written in the header, as MLX writes its own: compiled and called, not refused."""
-    header = """
-        // Abramowitz and Stegun 7.1.26: |error| < 1.5e-7, and float32 rounding
-        float erf(float v) {
-            const float t = 1.0f / (1.0f + 0.3275911f * fabs(v));
-            const float poly = t * (0.254829592f + t * (-0.284496736f + t * (1.421413741f
-                             + t * (-1.453152027f + t * 1.061405429f))));
-            return copysign(1.0f - poly * exp(-v * v), v);
-        }
-    """
-    source = """
-        const uint i = thread_position_in_grid.x;
-        const float remainder = x[i] * 0.5f;  // a variable named as a C function is left alone
-        out[i] = erf(x[i]) + remainder - remainder;
-    """
-    kernel = tf_metal_ops.metal_kernel("own_erf", ["x"], ["out"], source, header=header)
+    """erf written in the header, as MLX writes its own: compiled and called, not refused (the
+    CPU path compiles the kernel in a namespace of its own, so a C library's erf in the global
+    namespace, which libc++ declares for float too, does not clash with it)."""
+    kernel = tf_metal_ops.metal_kernel("own_erf", ["x"], ["out"], OWN_ERF_SOURCE,
+                                       header=OWN_ERF_HEADER)
     x = np.linspace(-3, 3, 25).astype(np.float32)
     (out,) = run(kernel, [x], [x.shape], [tf.float32], (25, 1, 1), (25, 1, 1))
     np.testing.assert_allclose(out, [math.erf(v) for v in x], atol=1e-6)

@@ -176,6 +176,9 @@ def _from_user(argument: str, text: str) -> List[str]:
     return [f'#line 1 "{argument}"', text, _RESUME]
 
 
+# The namespace the CPU path compiles a kernel's header and body in (see `generate`).
+_HOST_NAMESPACE = "tfmo_kernel_source"
+
 _RESUME = "\0tfmo-resume-line\0"  # replaced by _number_resumes once the lines are known
 
 
@@ -278,7 +281,11 @@ class MetalKernel:
             params.append(f"device {element}* {name} [[buffer({index})]]")
             index += 1
         params += [f"{t} {a} [[{a}]]" for a, t in self.attributes]
-        lines = ["#include <metal_stdlib>", "using namespace metal;", ""]
+        lines = ["#include <metal_stdlib>", "using namespace metal;", "",
+                 "// tf_metal_ops's CPU path compiles the kernel in a namespace of its own, so",
+                 "// that a function the header names like a C library one (erf) is the kernel's",
+                 "// own there too; a Metal compiler skips it.",
+                 "#if defined(TFMO_MSL_HOST)", f"namespace {_HOST_NAMESPACE} {{", "#endif", ""]
         if self.header:
             lines += _from_user("header", self.header) + [""]
         instance = kernel_name
@@ -293,7 +300,8 @@ class MetalKernel:
         lines += [
             "// The emulator's registration (tf_metal_ops's CPU path); a Metal compiler skips it.",
             "#if defined(TFMO_MSL_HOST)",
-            f"static constexpr auto tfmo_kernel = &{instance};",
+            f"}}  // namespace {_HOST_NAMESPACE}",
+            f"static constexpr auto tfmo_kernel = &{_HOST_NAMESPACE}::{instance};",
             "static const bool tfmo_kernel_registered = ::msl_host::register_generated_kernel<"
             f"tfmo_kernel{attributes}>(\"{kernel_name}\");",
         ]

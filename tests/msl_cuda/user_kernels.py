@@ -191,6 +191,9 @@ def _stdlib_cases(mk, rng):
                 for _ in range(2))
         cases.append((f"stdlib_simd_shuffles_{dtype.name}", shuffles, [x, p], [[128 * count]],
                       [dtype], (128, 1, 1), (64, 1, 1), [("T", dtype)], None))
+    own_erf = mk("own_erf", ["x"], ["out"], ks.OWN_ERF_SOURCE, header=ks.OWN_ERF_HEADER)
+    cases.append(("stdlib_own_erf", own_erf, [tf.constant(np.linspace(-3, 3, 25), tf.float32)],
+                  [[25]], [tf.float32], (25, 1, 1), (32, 1, 1), None, None))
     bitwise = mk("simd_bitwise", ["x"], ["out"], ks.SIMD_BITWISE_SOURCE)
     for dtype in (tf.int32, tf.uint32):
         x = tf.constant(rng.integers(0, 2 ** 31 - 1, size=64).astype(dtype.as_numpy_dtype))
