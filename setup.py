@@ -160,6 +160,7 @@ def native_extension(
         "csrc/runtime.cc",
         "csrc/python_module.cc",
         "csrc/kernel_compiler.cc",
+        "csrc/msl_source.cc",
         "csrc/metal_kernel_args.cc",
         "csrc/cpu/custom_loss_cpu.cc",
         "csrc/cpu/metal_kernel_cpu.cc",

@@ -14,7 +14,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -23,6 +22,8 @@
 #include <map>
 #include <mutex>
 #include <sstream>
+
+#include "csrc/msl_source.h"
 
 #if defined(__APPLE__)
 #include <crt_externs.h>  // a bundle cannot link `environ` directly on macOS
@@ -209,8 +210,11 @@ std::string CompilerId(State& s) {
 }
 
 const char* const kRuntimeFiles[] = {
-    "include/metal_stdlib", "include/tfmo_msl/vector.h", "include/tfmo_msl/math.h",
-    "include/tfmo_msl/simd.h", "msl_host_runtime.h", "emulator.h", "emulator.cc",
+    "include/metal_stdlib",   "include/tfmo_msl/vector.h",  "include/tfmo_msl/math.h",
+    "include/tfmo_msl/simd.h", "include/metal_common",      "include/metal_integer",
+    "include/metal_relational", "include/metal_math",       "include/metal_geometric",
+    "include/metal_compute",  "include/metal_simdgroup",    "include/metal_atomic",
+    "msl_host_runtime.h",     "emulator.h",                 "emulator.cc",
     "kernel_entry.cc"};
 
 std::vector<std::string> BaseCommand(const State& s) {
@@ -281,276 +285,6 @@ KernelCacheStats GetKernelCacheStats() {
   State& s = TheState();
   std::lock_guard<std::mutex> lock(s.mu);
   return s.stats;
-}
-
-namespace {
-
-bool IsWordChar(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }
-bool IsSpaceChar(char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; }
-// Whether `prefix` stands in `text` at `i`. strncmp, not std::string::compare: the macOS
-// cross-link's libc++ stub lacks compare, and operator== with a const char* calls it.
-bool StartsAt(const std::string& text, size_t i, const char* prefix) {
-  return i <= text.size() && std::strncmp(text.c_str() + i, prefix, std::strlen(prefix)) == 0;
-}
-
-// Whether `text`, what follows the word `threadgroup` up to the next ';', declares objects:
-// whitespace, a type (word characters, "::", template brackets, commas, spaces: no * or &, so a
-// pointer or reference into threadgroup memory is left alone), whitespace, a name, and array
-// bounds, which may hold any expression without ']'. Read from the right.
-bool DeclaresThreadgroupObjects(const std::string& text) {
-  size_t end = text.size();
-  for (;;) {  // the array bounds
-    while (end > 0 && IsSpaceChar(text[end - 1])) --end;
-    if (end == 0 || text[end - 1] != ']') break;
-    const size_t open = text.rfind('[', end - 1);
-    if (open == std::string::npos || text.find(']', open) != end - 1) return false;
-    end = open;
-  }
-  const size_t name_end = end;
-  while (end > 0 && IsWordChar(text[end - 1])) --end;
-  if (end == name_end) return false;  // no name
-  const size_t name_start = end;
-  while (end > 0 && IsSpaceChar(text[end - 1])) --end;
-  if (end == name_start || end == 0) return false;  // no space before the name, or no type
-  bool has_type = false;
-  for (size_t i = 0; i < end; ++i) {
-    const char c = text[i];
-    if (IsWordChar(c) || c == ':' || c == '<' || c == '>' || c == ',') {
-      has_type = true;
-    } else if (!IsSpaceChar(c)) {
-      return false;
-    }
-  }
-  return has_type && IsSpaceChar(text[0]);
-}
-
-}  // namespace
-
-namespace {
-
-// ---- features the CPU path refuses by name ----------------------------------------------------
-
-// How a refused name is recognised: as a type (followed by `<`, `::` or a declared name), as a
-// function (followed by `(` or `<`) or as a namespace (followed by `::`). So an input or a local
-// variable of the same name is left alone.
-enum class Use { kType, kFunction, kNamespace };
-struct Refused {
-  const char* name;
-  Use use;
-  const char* feature;
-};
-const Refused kRefused[] = {
-    {"texture1d", Use::kType, "textures"},
-    {"texture1d_array", Use::kType, "textures"},
-    {"texture2d", Use::kType, "textures"},
-    {"texture2d_array", Use::kType, "textures"},
-    {"texture2d_ms", Use::kType, "textures"},
-    {"texture2d_ms_array", Use::kType, "textures"},
-    {"texture3d", Use::kType, "textures"},
-    {"texturecube", Use::kType, "textures"},
-    {"texturecube_array", Use::kType, "textures"},
-    {"texture_buffer", Use::kType, "textures"},
-    {"depth2d", Use::kType, "textures"},
-    {"depth2d_array", Use::kType, "textures"},
-    {"depth2d_ms", Use::kType, "textures"},
-    {"depth2d_ms_array", Use::kType, "textures"},
-    {"depthcube", Use::kType, "textures"},
-    {"depthcube_array", Use::kType, "textures"},
-    {"sampler", Use::kType, "textures (samplers)"},
-    {"access", Use::kNamespace, "textures (access qualifiers)"},
-    {"imageblock", Use::kType, "imageblocks"},
-    {"simdgroup_matrix", Use::kType, "simdgroup_matrix"},
-    {"simdgroup_float8x8", Use::kType, "simdgroup_matrix"},
-    {"simdgroup_half8x8", Use::kType, "simdgroup_matrix"},
-    {"simdgroup_bfloat8x8", Use::kType, "simdgroup_matrix"},
-    {"simdgroup_load", Use::kFunction, "simdgroup_matrix"},
-    {"simdgroup_store", Use::kFunction, "simdgroup_matrix"},
-    {"simdgroup_multiply", Use::kFunction, "simdgroup_matrix"},
-    {"simdgroup_multiply_accumulate", Use::kFunction, "simdgroup_matrix"},
-    {"make_filled_simdgroup_matrix", Use::kFunction, "simdgroup_matrix"},
-    {"raytracing", Use::kNamespace, "ray tracing"},
-    {"intersector", Use::kType, "ray tracing"},
-    {"intersection_result", Use::kType, "ray tracing"},
-    {"acceleration_structure", Use::kType, "ray tracing"},
-    {"primitive_acceleration_structure", Use::kType, "ray tracing"},
-    {"instance_acceleration_structure", Use::kType, "ray tracing"},
-    {"intersection_function_table", Use::kType, "ray tracing"},
-    {"visible_function_table", Use::kType, "function tables"},
-    {"float2x2", Use::kType, "matrix types"},
-    {"float2x3", Use::kType, "matrix types"},
-    {"float2x4", Use::kType, "matrix types"},
-    {"float3x2", Use::kType, "matrix types"},
-    {"float3x3", Use::kType, "matrix types"},
-    {"float3x4", Use::kType, "matrix types"},
-    {"float4x2", Use::kType, "matrix types"},
-    {"float4x3", Use::kType, "matrix types"},
-    {"float4x4", Use::kType, "matrix types"},
-    {"half2x2", Use::kType, "matrix types"},
-    {"half3x3", Use::kType, "matrix types"},
-    {"half4x4", Use::kType, "matrix types"},
-    {"matrix", Use::kType, "matrix types"},
-};
-
-// Functions of the C and C++ math libraries that the Metal Shading Language does not have (its
-// math functions are those docs/kernels.md lists, from the MSL specification's tables). The
-// emulator's host compiler would take them from <cmath>, and the kernel would then pass every
-// test off the Mac and fail to compile on it, so they are refused where called, unless the
-// source declares a function of that name itself (MLX, for one, writes its own erf:
-// mlx/backend/metal/kernels/erf.h).
-const char* const kNotMslFunctions[] = {
-    "erf", "erff", "erfc", "erfcf", "log1p", "log1pf", "expm1", "expm1f", "cbrt", "cbrtf", "hypot",
-    "hypotf", "lgamma", "lgammaf", "tgamma", "tgammaf", "logb", "logbf", "scalbn", "scalbnf",
-    "scalbln", "scalblnf", "nearbyint", "nearbyintf", "lrint", "lrintf", "llrint", "llrintf",
-    "lround", "lroundf", "llround", "llroundf", "remainder", "remainderf", "remquo", "remquof",
-    "nexttoward", "nexttowardf", "fpclassify", "isgreater", "isgreaterequal", "isless",
-    "islessequal", "islessgreater",
-};
-
-// `text` with comments, string and character literals blanked out (same length, so that
-// positions still match), as far as a C++ scanner needs for naming identifiers.
-std::string WithoutCommentsAndLiterals(const std::string& text) {
-  std::string out = text;
-  size_t i = 0;
-  while (i < out.size()) {
-    if (StartsAt(out, i, "//")) {
-      while (i < out.size() && out[i] != '\n') out[i++] = ' ';
-    } else if (StartsAt(out, i, "/*")) {
-      const size_t end = out.find("*/", i + 2);
-      const size_t stop = end == std::string::npos ? out.size() : end + 2;
-      for (; i < stop; ++i) {
-        if (out[i] != '\n') out[i] = ' ';
-      }
-    } else if (out[i] == '"' || out[i] == '\'') {
-      const char quote = out[i];
-      out[i++] = ' ';
-      while (i < out.size() && out[i] != quote && out[i] != '\n') {
-        if (out[i] == '\\' && i + 1 < out.size()) out[i++] = ' ';
-        out[i++] = ' ';
-      }
-      if (i < out.size() && out[i] == quote) out[i++] = ' ';
-    } else {
-      ++i;
-    }
-  }
-  return out;
-}
-
-// The word before `text[at]`, skipping spaces ("" if something else stands there).
-std::string WordBefore(const std::string& text, size_t at) {
-  size_t end = at;
-  while (end > 0 && IsSpaceChar(text[end - 1])) --end;
-  size_t start = end;
-  while (start > 0 && IsWordChar(text[start - 1])) --start;
-  return text.substr(start, end - start);
-}
-
-// Whether `text` (without comments and literals) declares a function called `name`: the name
-// followed by '(' after a word that is not a statement's keyword (`float erf(float x)`, not
-// `return erf(x)` or `= erf(x)`).
-bool DeclaresFunction(const std::string& text, const std::string& name) {
-  static const char* const kBeforeCalls[] = {"return", "else", "case", "do", "throw", "new",
-                                             "sizeof", "co_return", "co_yield", "delete"};
-  for (size_t at = text.find(name); at != std::string::npos; at = text.find(name, at + 1)) {
-    const size_t end = at + name.size();
-    if ((at > 0 && IsWordChar(text[at - 1])) || (end < text.size() && IsWordChar(text[end]))) {
-      continue;
-    }
-    size_t next = end;
-    while (next < text.size() && IsSpaceChar(text[next])) ++next;
-    if (next >= text.size() || text[next] != '(') continue;
-    const std::string before = WordBefore(text, at);
-    if (before.empty() || std::isdigit(static_cast<unsigned char>(before[0]))) continue;
-    bool keyword = false;
-    for (const char* word : kBeforeCalls) {
-      keyword = keyword || std::strcmp(before.c_str(), word) == 0;
-    }
-    if (!keyword) return true;
-  }
-  return false;
-}
-
-}  // namespace
-
-std::string UnsupportedFeature(const std::string& msl_source) {
-  const std::string text = WithoutCommentsAndLiterals(msl_source);
-  size_t i = 0;
-  while (i < text.size()) {
-    if (!IsWordChar(text[i]) || (i > 0 && IsWordChar(text[i - 1]))) {
-      ++i;
-      continue;
-    }
-    size_t end = i;
-    while (end < text.size() && IsWordChar(text[end])) ++end;
-    const std::string word = text.substr(i, end - i);
-    size_t next = end;
-    while (next < text.size() && IsSpaceChar(text[next])) ++next;
-    const char after = next < text.size() ? text[next] : '\0';
-    const bool scope = StartsAt(text, next, "::");
-    for (const Refused& refused : kRefused) {
-      if (std::strcmp(word.c_str(), refused.name) != 0) continue;  // see StartsAt
-      bool used = false;
-      switch (refused.use) {
-        case Use::kType:
-          used = after == '<' || scope || (next > end && IsWordChar(after));
-          break;
-        case Use::kFunction:
-          used = after == '(' || after == '<';
-          break;
-        case Use::kNamespace:
-          used = scope;
-          break;
-      }
-      if (used) {
-        return word + " (" + refused.feature +
-               ") is not supported by the CPU path of metal_kernel: the MSL emulator's "
-               "<metal_stdlib> has no " + refused.feature +
-               " (docs/kernels.md lists what it covers)";
-      }
-    }
-    if (after == '(') {
-      for (const char* name : kNotMslFunctions) {
-        if (std::strcmp(word.c_str(), name) == 0 && !DeclaresFunction(text, word)) {
-          return word + " is not a function of the Metal Shading Language, so the Metal "
-                 "compiler rejects this kernel on a Mac; the CPU path refuses it too. Define "
-                 "it yourself in the kernel's header (docs/kernels.md lists MSL's math "
-                 "functions)";
-        }
-      }
-    }
-    i = end;
-  }
-  return "";
-}
-
-std::string HostSource(const std::string& msl_source) {
-  // `threadgroup` opening a statement (after ; { } or a line break, then spaces or tabs) and
-  // declaring objects becomes the host's per-threadgroup storage. A hand-written scan, not
-  // std::regex: the macOS build links only the parts of libc++ it names.
-  static const std::string kWord = "threadgroup";
-  std::string out;
-  size_t copied = 0;
-  for (size_t at = msl_source.find(kWord); at != std::string::npos;
-       at = msl_source.find(kWord, at + kWord.size())) {
-    const size_t after = at + kWord.size();
-    if (after < msl_source.size() && IsWordChar(msl_source[after])) continue;
-    size_t before = at;
-    while (before > 0 && (msl_source[before - 1] == ' ' || msl_source[before - 1] == '\t')) {
-      --before;
-    }
-    const bool opens_statement =
-        before == 0 || std::strchr(";{}\n", msl_source[before - 1]) != nullptr;
-    if (!opens_statement) continue;
-    const size_t semicolon = msl_source.find(';', after);
-    if (semicolon == std::string::npos ||
-        !DeclaresThreadgroupObjects(msl_source.substr(after, semicolon - after))) {
-      continue;
-    }
-    out.append(msl_source, copied, at - copied);
-    out += "TFMO_THREADGROUP_STATIC";
-    copied = after;
-  }
-  out.append(msl_source, copied, std::string::npos);
-  return out;
 }
 
 std::string LoadKernel(const std::string& source, KernelRunFunction* run) {

@@ -42,19 +42,6 @@ struct KernelCacheStats {
 };
 KernelCacheStats GetKernelCacheStats();
 
-// The host form of MSL source: function-scope `threadgroup` declarations become
-// TFMO_THREADGROUP_STATIC (shared by the threadgroup's fibers); pointer and reference
-// declarations keep the plain qualifier. Exposed for the tests.
-std::string HostSource(const std::string& msl_source);
-
-// Empty, or why the CPU path refuses this source: the first MSL feature it names that the
-// emulator does not have (textures, simdgroup_matrix, ray tracing, ...), named with its feature,
-// or the first call of a C library math function that MSL does not have (erf, log1p, ...) and
-// the source does not define itself.
-// Comments and string literals are skipped; a name is only refused where it is used as the
-// feature (a type, a function call, a namespace), so a variable of the same name is left alone.
-std::string UnsupportedFeature(const std::string& msl_source);
-
 }  // namespace tf_metal_ops
 
 #endif  // TF_METAL_OPS_CSRC_KERNEL_COMPILER_H_

@@ -24,6 +24,7 @@
 #include "csrc/metal/error_record_slots.h"
 #include "csrc/kernel_compiler.h"
 #include "csrc/linear_cross_entropy.h"
+#include "csrc/msl_source.h"
 #include "csrc/pending_errors.h"
 #include "csrc/problem.h"
 #include "csrc/runtime.h"

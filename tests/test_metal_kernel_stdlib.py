@@ -3,7 +3,8 @@ tf_metal_ops.metal_kernel and checked against NumPy (integers bit-exact, float32
 relative): vector types and swizzles, math, integer functions, atomics, threadgroup memory and
 barriers, the SIMD-group and quad-group functions over active lanes; and what it refuses by
 name (textures, simdgroup_matrix, ray tracing, matrix types; the C library's math functions that
-MSL lacks, such as erf). docs/kernels.md lists the same.
+MSL lacks, such as erf; the C and C++ libraries and the C++ that MSL leaves out). docs/kernels.md
+lists the same.
 """
 
 from __future__ import annotations
@@ -438,3 +439,80 @@ def test_a_kernel_may_define_a_function_msl_lacks():
     x = np.linspace(-3, 3, 25).astype(np.float32)
     (out,) = run(kernel, [x], [x.shape], [tf.float32], (25, 1, 1), (25, 1, 1))
     np.testing.assert_allclose(out, [math.erf(v) for v in x], atol=1e-6)
+
+
+# ---- C and C++ that MSL does not have ---------------------------------------------------------
+
+MAC_REJECTS = "so the Metal compiler rejects this kernel on a Mac; the CPU path refuses it too"
+
+
+def refusal(body, header=""):
+    """The CPU path's message for a kernel it refuses."""
+    kernel = tf_metal_ops.metal_kernel("not_msl", ["x"], ["out"], body, header=header)
+    with pytest.raises(tf.errors.InvalidArgumentError) as error:
+        kernel(inputs=[tf.ones([1])], output_shapes=[[1]], output_dtypes=[tf.float32],
+               grid=(1, 1, 1), threadgroup=(1, 1, 1))
+    return str(error.value)
+
+
+@pytest.mark.parametrize("header, body, start", [
+    ("", 'printf("%f", x[0]); out[0] = x[0];', "printf is a C library function"),
+    ("", "float t; memcpy(&t, &x[0], 4); out[0] = t;", "memcpy is a C library function"),
+    ("", "thread float* p = (thread float*)malloc(4); out[0] = x[0]; free(p);",
+     "malloc is a C library function"),
+    ("", "if (x[0] > 5) abort(); out[0] = x[0];", "abort is a C library function"),
+    ("", "out[0] = expf(x[0]);", "expf is C's float form of a math function"),
+    ("", "out[0] = fmaxf(x[0], 0.5f);", "fmaxf is C's float form of a math function"),
+    ("", "out[0] = std::min(x[0], 2.0f);", "std (the C++ standard library) is not part of"),
+    ("using namespace std;", "out[0] = x[0];", "std (the C++ standard library) is not part of"),
+    ("", "thread float* p = new float(x[0]); out[0] = *p;",
+     "new (the new operator) is not part of the Metal Shading Language (its specification, "
+     "section 1.5.4)"),
+    ("", "if (x[0] > 5) throw 1; out[0] = x[0];", "throw (exception handling) is not part of"),
+    ("", "double d = x[0]; out[0] = float(d);",
+     "double (the double type: use float) is not part of the Metal Shading Language (its "
+     "specification, section 2.1)"),
+    ("", "long long n = 1; out[0] = float(n);", "long long is not part of"),
+    ("struct Base { float v; };\nstruct Derived : Base {};", "Derived d; out[0] = x[0];",
+     "struct Derived : ... (a derived class) is not part of"),
+    ("#include <cstdio>", "out[0] = x[0];", "#include <cstdio>: a Metal kernel includes only"),
+    ('#include "helpers.h"', "out[0] = x[0];", '#include "helpers.h": a Metal kernel includes'),
+])
+def test_c_and_cpp_msl_lacks_are_refused(header, body, start):
+    """The host compiler takes all of these (the C and C++ libraries, the C++ that MSL leaves
+    out: the MSL specification's sections 1.5.4 and 2.1); the Metal compiler takes none."""
+    message = refusal(body, header)
+    assert start in message
+    assert MAC_REJECTS in message
+
+
+def test_metal_headers_the_emulator_lacks_are_refused_by_feature():
+    assert ("<metal_texture> (textures) is not supported by the CPU path of metal_kernel"
+            in refusal("out[0] = x[0];", "#include <metal_texture>"))
+
+
+def test_cpp_that_msl_keeps_is_not_refused():
+    """Parts of <metal_stdlib> included alone, an enum class with its integer type, a bit-field,
+    a template's `class`, a deleted copy constructor, `long`, a kernel's own printf, and the
+    refused words in a comment and in a string: compiled and run, not refused."""
+    header = """
+        #include <metal_math>
+        #include <metal_simdgroup>
+        enum class Scale : uint { twice = 2 };
+        struct Flags { uint low : 4; uint high : 4; };
+        struct Once { Once() = default; Once(const thread Once&) = delete; float v; };
+        template <class T> T times(T v, uint k) { return v * T(k); }
+        float printf(float v) { return v + 1.0f; }  // the kernel's own, not the C library's
+        // std::min, double, new and #include <cstdio> in a comment
+        constant char kNote[] = "printf(), std::min, double";
+    """
+    body = """
+        Flags f; f.low = 3u; f.high = 1u;
+        Once once; once.v = x[0];
+        long big = long(f.low) << 33;
+        out[0] = printf(times(once.v, uint(Scale::twice))) + float(big >> 33) + sqrt(4.0f);
+    """
+    kernel = tf_metal_ops.metal_kernel("msl_keeps", ["x"], ["out"], body, header=header)
+    (out,) = run(kernel, [np.array([1.5], np.float32)], [[1]], [tf.float32], (1, 1, 1),
+                 (1, 1, 1))
+    assert out[0] == 1.5 * 2 + 1 + 3 + 2
