@@ -25,6 +25,7 @@ from keras.src.backend.common.masking import set_keras_mask
 
 from portable_isa import run_on_portable_isa
 from raw_ops import NO_WEIGHTS, awkward_inputs, forward, gradient
+import tf_metal_ops
 from tf_metal_ops import CustomLoss
 
 
@@ -93,6 +94,23 @@ def test_float64_and_empty_batches_make_no_scaled_gradient():
     assert forward(z, labels, row_scales=tf.ones([4]))[2].shape == (0,)
     empty = forward(tf.zeros([0, 10]), tf.zeros([0], tf.int32), row_scales=tf.zeros([0]))
     assert empty[2].shape == (0,)
+
+
+def test_float64_reduced_loss_keeps_the_scales_float64_digits():
+    """A mean over 3 rows (1/3) and weights float32 cannot hold: the reduced loss and its
+    gradient are those of the per-example float64 losses weighed in float64, to float64's
+    precision, not to float32's (which rounding the scales to float32 would give: 3e-8)."""
+    z = tf.constant(np.random.default_rng(3).standard_normal((3, 10)) * 3)
+    labels = tf.constant([1, 4, 9])
+    scales = tf.constant([0.1, 1.0 / 3.0, 2.2], tf.float64)
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(z)
+        got = tf_metal_ops.reduced_custom_loss(labels, z, scales, label_smoothing=0.1)
+        want = tf.reduce_sum(tf_metal_ops.custom_loss(labels, z, label_smoothing=0.1) * scales)
+    assert got.dtype == tf.float64
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-15)
+    np.testing.assert_allclose(tape.gradient(got, z).numpy(), tape.gradient(want, z).numpy(),
+                               rtol=1e-15, atol=1e-18)
 
 
 # ---- CustomLoss against Keras's own reduction of our per-example losses ----------------------

@@ -165,6 +165,7 @@ def reduced_custom_loss(
         labels, logits, gamma, label_smoothing, class_weights, ignore_class, name: as for
             `custom_loss`.
         row_scales: one scale per example, shape `logits.shape[:-1]`; no gradient flows to it.
+            Taken as float32, or float64 for float64 logits.
         dtype: the dtype of the returned scalar (default: the logits'). The sum is taken in
             float32 (float64 for float64 logits) and rounded once to it, so float16 or bfloat16
             logits can give a float32 loss, as Keras's losses do, without a float32 copy of
@@ -177,7 +178,10 @@ def reduced_custom_loss(
         logits_t, inputs = _checked(labels, logits, gamma, label_smoothing, class_weights,
                                     ignore_class)
         out_dtype = logits_t.dtype if dtype is None else _result_dtype(dtype)
-        scales = tf.stop_gradient(tf.cast(row_scales, tf.float32))
+        # float32 scales, as the forward op takes them, except for float64 logits: their
+        # forward writes no gradient, and the loss and gradient keep the scales' float64 digits
+        # (a mean's 1 / N is rarely a float32).
+        scales = tf.stop_gradient(tf.cast(row_scales, sum_dtype(logits_t.dtype)))
         if not scales.shape.is_compatible_with(logits_t.shape[:-1]):
             raise ValueError(
                 f"row_scales must have shape logits.shape[:-1]; got row_scales shape "
@@ -208,7 +212,7 @@ def _reduced(logits: tf.Tensor, inputs: LossInputs, scales: tf.Tensor,
 
     @tf.custom_gradient
     def reduced(z):
-        loss, row_stats, scaled = forward_op(z, inputs, scales)
+        loss, row_stats, scaled = forward_op(z, inputs, scales if always_written else None)
         total = tf.reduce_sum(tf.cast(loss, total_dtype) * tf.cast(scales, total_dtype))
 
         def scaled_by(u):
@@ -229,7 +233,7 @@ def _reduced(logits: tf.Tensor, inputs: LossInputs, scales: tf.Tensor,
             return tf.cast(total, out_dtype), backward
 
         def backward_from_written_or_gradient_op(upstream):
-            u = tf.cast(upstream, tf.float32)
+            u = tf.cast(upstream, scales.dtype)
             written = tf.logical_and(tf.equal(tf.size(scaled), tf.size(z)), tf.size(z) > 0)
             return tf.cond(written, lambda: scaled_by(u),
                            lambda: gradient_op(z, inputs, u * scales, row_stats))
