@@ -128,7 +128,9 @@ const char* const kNotMslMath[] = {
     "islessequal", "islessgreater",
 };
 // C's float forms of math MSL has, common in kernels ported from CUDA: MSL spells each without
-// the f (exp, not expf), overloaded for float and half.
+// the f (exp, not expf), overloaded for float and half. The Metal compiler's own words for one:
+// "use of undeclared identifier 'sqrtf'; did you mean 'sqrt'?"
+// (https://github.com/dmlc/nnvm/issues/177).
 const char* const kFloatSuffixedMath[] = {
     "expf",   "exp2f",  "logf",   "log2f",  "log10f", "powf",   "sqrtf",  "sinf",   "cosf",
     "tanf",   "asinf",  "acosf",  "atanf",  "atan2f", "sinhf",  "coshf",  "tanhf",  "asinhf",
