@@ -117,6 +117,66 @@ def test_math_functions_metal_fast_precise_and_vector():
         np.testing.assert_allclose(out[:, j], expected[:, j], err_msg=name, **F32)
 
 
+def test_exponents_and_parts_float_half_and_vectors():
+    """frexp, ldexp, ilogb, modf and sincos (MSL's Table 6.4: the outputs through references),
+    on float, on half and on a float2, metal:: and fast::, bit-exact against NumPy (sincos
+    within float32's error), zero and a half subnormal among the values."""
+    x = np.array([0.0, 1.0, -1.5, 3.75, 1e-3, -123.456, 6e-5, 6e4], np.float32)
+    n = len(x)
+    source = """
+        const uint i = thread_position_in_grid.x;
+        const float v = x[i];
+        int e;
+        const float m = frexp(v, e);
+        float whole;
+        const float fraction = fast::modf(v, whole);
+        float c;
+        const float s = sincos(v, c);
+        const half h = half(v);
+        int he;
+        const half hm = metal::frexp(h, he);
+        half hwhole;
+        const half hfraction = modf(h, hwhole);
+        int2 e2;
+        const float2 m2 = frexp(float2(v, 2.0f * v), e2);
+        const float2 l2 = ldexp(m2, e2 + int2(1, 0));
+        const float2 i2 = float2(ilogb(float2(v, 4.0f * v)));
+        const float row[] = {m, float(e), ldexp(v, 3), float(ilogb(v)), fraction, whole, s, c,
+                             float(hm), float(he), float(hfraction), float(hwhole),
+                             float(ldexp(h, -2)), l2.x, l2.y, i2.x, i2.y};
+        for (uint j = 0; j < 17; ++j) out[i * 17 + j] = row[j];
+    """
+    kernel = tf_metal_ops.metal_kernel("parts", ["x"], ["out"], source)
+    (out,) = run(kernel, [x], [[n * 17]], [tf.float32], (n, 1, 1), (n, 1, 1))
+    out = out.reshape(n, 17)
+    m, e = np.frexp(x)
+    fraction, whole = np.modf(x)
+    h = x.astype(np.float16)
+    hm, he = np.frexp(h)
+    hfraction, hwhole = np.modf(h)
+    m2, e2 = np.frexp(2.0 * x)
+    with np.errstate(divide="ignore"):
+        ilogb = np.where(x == 0, np.iinfo(np.int32).min, np.floor(np.log2(np.abs(x))))
+        ilogb4 = np.where(x == 0, np.iinfo(np.int32).min, np.floor(np.log2(np.abs(4 * x))))
+    np.testing.assert_array_equal(out[:, 0], m)
+    np.testing.assert_array_equal(out[:, 1], e)
+    np.testing.assert_array_equal(out[:, 2], np.ldexp(x, 3))
+    np.testing.assert_array_equal(out[:, 3], ilogb.astype(np.float32))
+    np.testing.assert_array_equal(out[:, 4], fraction)
+    np.testing.assert_array_equal(out[:, 5], whole)
+    np.testing.assert_allclose(out[:, 6], np.sin(x.astype(np.float64)), **F32)
+    np.testing.assert_allclose(out[:, 7], np.cos(x.astype(np.float64)), **F32)
+    np.testing.assert_array_equal(out[:, 8], hm.astype(np.float32))
+    np.testing.assert_array_equal(out[:, 9], he)
+    np.testing.assert_array_equal(out[:, 10], hfraction.astype(np.float32))
+    np.testing.assert_array_equal(out[:, 11], hwhole.astype(np.float32))
+    np.testing.assert_array_equal(out[:, 12], np.ldexp(h, -2).astype(np.float32))
+    np.testing.assert_array_equal(out[:, 13], np.ldexp(m, e + 1))
+    np.testing.assert_array_equal(out[:, 14], np.ldexp(m2, e2))
+    np.testing.assert_array_equal(out[:, 15], ilogb.astype(np.float32))
+    np.testing.assert_array_equal(out[:, 16], ilogb4.astype(np.float32))
+
+
 # ---- integer functions ------------------------------------------------------------------------
 
 def integer_reference(x, y, i, bits, signed):

@@ -121,6 +121,65 @@ inline float sincos(float x, float& c) {
   return std::sin(x);
 }
 
+// ---- a float's exponent and parts: frexp, ldexp, ilogb, modf ---------------------------------
+// Ti (the exponent) is int, or an int vector of the same size. ilogb and ldexp on float are the
+// C++ library's own (a using-declaration, so they are the same functions as the global ones
+// libc++ declares); frexp and modf take their outputs by reference, as MSL's do.
+using std::ilogb;
+using std::ldexp;
+inline float frexp(float x, int& exponent) { return std::frexp(x, &exponent); }
+inline float modf(float x, float& integral) { return std::modf(x, &integral); }
+// half and bfloat through float, which holds every value, mantissa and integral part of theirs.
+#define TFMO_MATH_PARTS_16BIT(T)                                          \
+  inline T frexp(T x, int& exponent) { return T(frexp(float(x), exponent)); } \
+  inline T ldexp(T x, int k) { return T(std::ldexp(float(x), k)); }       \
+  inline int ilogb(T x) { return std::ilogb(float(x)); }                  \
+  inline T modf(T x, T& integral) {                                       \
+    float whole;                                                          \
+    const float fraction = modf(float(x), whole);                         \
+    integral = T(whole);                                                  \
+    return T(fraction);                                                   \
+  }                                                                       \
+  inline T sincos(T x, T& c) {                                            \
+    float cosine;                                                         \
+    const float sine = sincos(float(x), cosine);                          \
+    c = T(cosine);                                                        \
+    return T(sine);                                                       \
+  }
+TFMO_MATH_PARTS_16BIT(half)
+TFMO_MATH_PARTS_16BIT(bfloat)
+#undef TFMO_MATH_PARTS_16BIT
+template <class T, int N>
+vec<T, N> frexp(const vec<T, N>& x, vec<int, N>& exponent) {
+  vec<T, N> out;
+  for (int i = 0; i < N; ++i) out[i] = frexp(x[i], exponent[i]);
+  return out;
+}
+template <class T, int N>
+vec<T, N> ldexp(const vec<T, N>& x, const vec<int, N>& k) {
+  vec<T, N> out;
+  for (int i = 0; i < N; ++i) out[i] = ldexp(x[i], k[i]);
+  return out;
+}
+template <class T, int N>
+vec<int, N> ilogb(const vec<T, N>& x) {
+  vec<int, N> out;
+  for (int i = 0; i < N; ++i) out[i] = ilogb(x[i]);
+  return out;
+}
+template <class T, int N>
+vec<T, N> modf(const vec<T, N>& x, vec<T, N>& integral) {
+  vec<T, N> out;
+  for (int i = 0; i < N; ++i) out[i] = modf(x[i], integral[i]);
+  return out;
+}
+template <class T, int N>
+vec<T, N> sincos(const vec<T, N>& x, vec<T, N>& c) {
+  vec<T, N> out;
+  for (int i = 0; i < N; ++i) out[i] = sincos(x[i], c[i]);
+  return out;
+}
+
 // ---- floating-point functions of two and three arguments ------------------------------------
 
 #define TFMO_MATH_16BIT_AND_VECTOR2(fn)                                                       \
@@ -486,13 +545,17 @@ using metal::floor;
 using metal::fmax;
 using metal::fmin;
 using metal::fmod;
+using metal::frexp;
 using metal::fract;
+using metal::ilogb;
+using metal::ldexp;
 using metal::length;
 using metal::log;
 using metal::log10;
 using metal::log2;
 using metal::max;
 using metal::min;
+using metal::modf;
 using metal::normalize;
 using metal::pow;
 using metal::powr;
