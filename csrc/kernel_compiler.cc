@@ -210,12 +210,13 @@ std::string CompilerId(State& s) {
 }
 
 const char* const kRuntimeFiles[] = {
-    "include/metal_stdlib",   "include/tfmo_msl/vector.h",  "include/tfmo_msl/math.h",
-    "include/tfmo_msl/simd.h", "include/metal_common",      "include/metal_integer",
-    "include/metal_relational", "include/metal_math",       "include/metal_geometric",
-    "include/metal_compute",  "include/metal_simdgroup",    "include/metal_atomic",
-    "msl_host_runtime.h",     "emulator.h",                 "emulator.cc",
-    "kernel_entry.cc"};
+    "include/metal_stdlib", "include/tfmo_msl/vector.h", "include/tfmo_msl/math.h",
+    "include/tfmo_msl/simd.h", "msl_host_runtime.h", "emulator.h", "emulator.cc",
+    "kernel_entry.cc",
+    // The parts of <metal_stdlib> a kernel may include alone, each forwarding to it.
+    "include/metal_atomic", "include/metal_common", "include/metal_compute",
+    "include/metal_geometric", "include/metal_integer", "include/metal_math",
+    "include/metal_relational", "include/metal_simdgroup"};
 
 std::vector<std::string> BaseCommand(const State& s) {
   std::vector<std::string> argv = s.toolchain.compiler;
