@@ -141,14 +141,19 @@ def test_exponents_and_parts_float_half_and_vectors():
         const float2 m2 = frexp(float2(v, 2.0f * v), e2);
         const float2 l2 = ldexp(m2, e2 + int2(1, 0));
         const float2 i2 = float2(ilogb(float2(v, 4.0f * v)));
+        float2 w2;
+        const float2 f2 = modf(float2(v, -v), w2);
+        float2 c2;
+        const float2 s2 = sincos(float2(v, 0.5f * v), c2);
         const float row[] = {m, float(e), ldexp(v, 3), float(ilogb(v)), fraction, whole, s, c,
                              float(hm), float(he), float(hfraction), float(hwhole),
-                             float(ldexp(h, -2)), l2.x, l2.y, i2.x, i2.y};
-        for (uint j = 0; j < 17; ++j) out[i * 17 + j] = row[j];
+                             float(ldexp(h, -2)), l2.x, l2.y, i2.x, i2.y, f2.y, w2.y, s2.y,
+                             c2.y};
+        for (uint j = 0; j < 21; ++j) out[i * 21 + j] = row[j];
     """
     kernel = tf_metal_ops.metal_kernel("parts", ["x"], ["out"], source)
-    (out,) = run(kernel, [x], [[n * 17]], [tf.float32], (n, 1, 1), (n, 1, 1))
-    out = out.reshape(n, 17)
+    (out,) = run(kernel, [x], [[n * 21]], [tf.float32], (n, 1, 1), (n, 1, 1))
+    out = out.reshape(n, 21)
     m, e = np.frexp(x)
     fraction, whole = np.modf(x)
     h = x.astype(np.float16)
@@ -175,6 +180,10 @@ def test_exponents_and_parts_float_half_and_vectors():
     np.testing.assert_array_equal(out[:, 14], np.ldexp(m2, e2))
     np.testing.assert_array_equal(out[:, 15], ilogb.astype(np.float32))
     np.testing.assert_array_equal(out[:, 16], ilogb4.astype(np.float32))
+    np.testing.assert_array_equal(out[:, 17], -fraction)
+    np.testing.assert_array_equal(out[:, 18], -whole)
+    np.testing.assert_allclose(out[:, 19], np.sin(0.5 * x.astype(np.float64)), **F32)
+    np.testing.assert_allclose(out[:, 20], np.cos(0.5 * x.astype(np.float64)), **F32)
 
 
 # ---- integer functions ------------------------------------------------------------------------

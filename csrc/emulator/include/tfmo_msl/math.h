@@ -149,35 +149,35 @@ inline float modf(float x, float& integral) { return std::modf(x, &integral); }
 TFMO_MATH_PARTS_16BIT(half)
 TFMO_MATH_PARTS_16BIT(bfloat)
 #undef TFMO_MATH_PARTS_16BIT
+// The vector forms, component by component: f(x[i], other[i]), `other` an output (frexp's
+// exponent, modf's integral part, sincos's cosine) or ldexp's exponents.
+namespace math_detail {
+template <class T, int N, class Other, class F>
+vec<T, N> per_component(const vec<T, N>& x, Other& other, F f) {
+  vec<T, N> out;
+  for (int i = 0; i < N; ++i) out[i] = f(x[i], other[i]);
+  return out;
+}
+}  // namespace math_detail
 template <class T, int N>
 vec<T, N> frexp(const vec<T, N>& x, vec<int, N>& exponent) {
-  vec<T, N> out;
-  for (int i = 0; i < N; ++i) out[i] = frexp(x[i], exponent[i]);
-  return out;
+  return math_detail::per_component(x, exponent, [](T v, int& e) { return frexp(v, e); });
 }
 template <class T, int N>
 vec<T, N> ldexp(const vec<T, N>& x, const vec<int, N>& k) {
-  vec<T, N> out;
-  for (int i = 0; i < N; ++i) out[i] = ldexp(x[i], k[i]);
-  return out;
-}
-template <class T, int N>
-vec<int, N> ilogb(const vec<T, N>& x) {
-  vec<int, N> out;
-  for (int i = 0; i < N; ++i) out[i] = ilogb(x[i]);
-  return out;
+  return math_detail::per_component(x, k, [](T v, int e) { return ldexp(v, e); });
 }
 template <class T, int N>
 vec<T, N> modf(const vec<T, N>& x, vec<T, N>& integral) {
-  vec<T, N> out;
-  for (int i = 0; i < N; ++i) out[i] = modf(x[i], integral[i]);
-  return out;
+  return math_detail::per_component(x, integral, [](T v, T& whole) { return modf(v, whole); });
 }
 template <class T, int N>
 vec<T, N> sincos(const vec<T, N>& x, vec<T, N>& c) {
-  vec<T, N> out;
-  for (int i = 0; i < N; ++i) out[i] = sincos(x[i], c[i]);
-  return out;
+  return math_detail::per_component(x, c, [](T v, T& cosine) { return sincos(v, cosine); });
+}
+template <class T, int N>
+vec<int, N> ilogb(const vec<T, N>& x) {
+  return math_detail::each<int>([](const auto& v) { return ilogb(v); }, x);
 }
 
 // ---- floating-point functions of two and three arguments ------------------------------------
