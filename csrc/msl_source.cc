@@ -222,6 +222,13 @@ const UncoveredHeader kUncoveredHeaders[] = {
 constexpr const char* kMacRejects =
     ", so the Metal compiler rejects this kernel on a Mac; the CPU path refuses it too";
 
+// The refusal of MSL the emulator does not have: `what` (a word, a header) of `feature`.
+std::string NotInEmulator(const std::string& what, const std::string& feature) {
+  return what + " (" + feature +
+         ") is not supported by the CPU path of metal_kernel: the MSL emulator's <metal_stdlib> "
+         "has no " + feature + " (docs/kernels.md lists what it covers)";
+}
+
 // `text` with comments, string and character literals blanked out (same length, so that
 // positions still match), as far as a C++ scanner needs for naming identifiers.
 std::string WithoutCommentsAndLiterals(const std::string& text) {
@@ -324,10 +331,9 @@ std::string IncludeRefusal(const std::string& msl_source, const std::string& tex
     }
     if (covered) continue;
     for (const UncoveredHeader& header : kUncoveredHeaders) {
-      if (std::strcmp(name.c_str(), header.name) != 0) continue;
-      return spelled + " (" + header.feature +
-             ") is not supported by the CPU path of metal_kernel: the MSL emulator's "
-             "<metal_stdlib> has no " + header.feature + " (docs/kernels.md lists what it covers)";
+      if (std::strcmp(name.c_str(), header.name) == 0) {
+        return NotInEmulator(spelled, header.feature);
+      }
     }
     return "#include " + spelled +
            ": a Metal kernel includes only the headers of the Metal standard library "
@@ -393,9 +399,8 @@ std::string UnsupportedFeature(const std::string& msl_source) {
       ++i;
       continue;
     }
-    size_t end = i;
-    while (end < text.size() && IsWordChar(text[end])) ++end;
-    const std::string word = text.substr(i, end - i);
+    const std::string word = WordAt(text, i);
+    const size_t end = i + word.size();
     size_t next = end;
     while (next < text.size() && IsSpaceChar(text[next])) ++next;
     const char after = next < text.size() ? text[next] : '\0';
@@ -414,12 +419,7 @@ std::string UnsupportedFeature(const std::string& msl_source) {
           used = scope;
           break;
       }
-      if (used) {
-        return word + " (" + refused.feature +
-               ") is not supported by the CPU path of metal_kernel: the MSL emulator's "
-               "<metal_stdlib> has no " + refused.feature +
-               " (docs/kernels.md lists what it covers)";
-      }
+      if (used) return NotInEmulator(word, refused.feature);
     }
     if (std::string e = CppFeatureAt(text, word, i, next); !e.empty()) return e;
     if (after == '(') {
