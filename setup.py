@@ -100,7 +100,15 @@ else:
 # AVX-512 adds minutes of compiling and is never selected. Only that variant is ever left out:
 # the baseline is every build's fallback, and AVX2 is the least a CPU with AVX-512 has.
 ROW_VARIANTS = ("all", "host")
-AVX512_SOURCE = "csrc/cpu/simd/rows_avx512.cc"
+
+
+def row_sources(isa: str) -> list:
+    """The files of one instruction-set variant of the row kernels: one per storage type
+    (csrc/cpu/simd/rows_dispatch.h says why)."""
+    return [f"csrc/cpu/simd/rows_{isa}_{dtype}.cc" for dtype in ("float32", "float16", "bfloat16")]
+
+
+AVX512_SOURCES = row_sources("avx512")
 AVX512_CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq")  # rows_dispatch.cc's test
 
 
@@ -169,12 +177,12 @@ def native_extension(
         "csrc/cpu/gemm.cc",
         "csrc/cpu/thread_pool.cc",
         "csrc/cpu/memory_floor.cc",
-        # The vectorized rows: the dispatch, and one file per instruction set, each compiling
-        # csrc/cpu/simd/simd_kernels.h for its own.
+        # The vectorized rows: the dispatch, and per instruction set one file per storage type,
+        # each compiling csrc/cpu/simd/simd_kernels.h for its own.
         "csrc/cpu/simd/rows_dispatch.cc",
-        "csrc/cpu/simd/rows_portable.cc",
-        "csrc/cpu/simd/rows_avx2.cc",
-        AVX512_SOURCE,
+        *row_sources("portable"),
+        *row_sources("avx2"),
+        *AVX512_SOURCES,
         *METAL_SOURCES_IN_EVERY_BUILD,
     ]
     define_macros = [("TF_METAL_OPS_BUILT_AGAINST_TF", f'"{tf_version}"')]
@@ -184,7 +192,7 @@ def native_extension(
                  f"{row_variants!r}")
     if (row_variants == "host" and target == LINUX and platform.machine() == "x86_64"
             and not host_runs_avx512()):
-        sources.remove(AVX512_SOURCE)
+        sources = [source for source in sources if source not in AVX512_SOURCES]
         define_macros.append(("TF_METAL_OPS_WITHOUT_AVX512", "1"))
     # -ffp-contract=off: no multiply-add fused behind our back. The kernels spell each fused
     # multiply-add they want (Fma in csrc/cpu/simd/simd_vector.h); left to the compiler, whether

@@ -41,11 +41,16 @@ def _extension(setup_py, monkeypatch, variants, runs_avx512, machine="x86_64"):
 def test_host_leaves_out_only_the_avx512_variant_a_cpu_lacks(setup_py, monkeypatch, variants,
                                                              runs_avx512, machine, left_out):
     extension = _extension(setup_py, monkeypatch, variants, runs_avx512, machine)
-    assert (setup_py.AVX512_SOURCE not in extension.sources) is left_out
+    assert len(setup_py.AVX512_SOURCES) == 3
+    for source in setup_py.AVX512_SOURCES:
+        assert (source not in extension.sources) is left_out
     assert (WITHOUT_AVX512 in extension.define_macros) is left_out
-    for kept in ("csrc/cpu/simd/rows_portable.cc", "csrc/cpu/simd/rows_avx2.cc",
-                 "csrc/cpu/simd/rows_dispatch.cc"):
-        assert kept in extension.sources
+    kept = ["csrc/cpu/simd/rows_dispatch.cc",
+            *(f"csrc/cpu/simd/rows_{isa}_{dtype}.cc" for isa in ("portable", "avx2")
+              for dtype in ("float32", "float16", "bfloat16"))]
+    for source in kept:
+        assert source in extension.sources
+        assert (REPO / source).is_file()
 
 
 def test_an_unknown_value_is_refused_by_name(setup_py, monkeypatch):
@@ -71,7 +76,7 @@ def test_host_runs_avx512_reads_the_flags_linux_reports(setup_py, tmp_path, text
 def test_the_dispatch_of_a_build_without_avx512_names_no_avx512_kernel(setup_py, tmp_path):
     # Compiled to assembly (no linker or nm needed): the AVX-512 kernels' mangled names appear
     # in the dispatch built as usual and are gone with the macro, so its link needs no
-    # rows_avx512.cc object.
+    # rows_avx512_*.cc object.
     def avx512_references(*macros):
         out = tmp_path / "dispatch.s"
         subprocess.run([*msl_build.cxx(), "-std=c++17", "-O1", "-S", *macros,

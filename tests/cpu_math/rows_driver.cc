@@ -6,11 +6,10 @@
 //
 //   g++ -O3 -std=c++17 -fno-strict-aliasing -ffp-contract=off -pthread -I. \
 //     -I"$(python -c 'import tensorflow as tf, os; print(os.path.dirname(tf.__file__))')/include" \
-//     tests/cpu_math/rows_driver.cc csrc/cpu/simd/rows_dispatch.cc csrc/cpu/simd/rows_portable.cc \
-//     csrc/cpu/simd/rows_avx2.cc csrc/cpu/simd/rows_avx512.cc csrc/cpu/thread_pool.cc \
+//     tests/cpu_math/rows_driver.cc csrc/cpu/simd/rows_*.cc csrc/cpu/thread_pool.cc \
 //     csrc/cpu/memory_floor.cc -o rows_driver
 //   valgrind --tool=callgrind ./rows_driver 65536 10 3 1   # N C repeats threads [eps gamma dtype]
-//   callgrind_annotate --inclusive=yes callgrind.out.* | grep 'ComputeRows(\|ComputeSplitRows('
+//   callgrind_annotate --inclusive=yes callgrind.out.* | grep 'ComputeRows<\|ComputeSplitRows<'
 //
 // It prints the median milliseconds of the kernel and of the floor's two passes.
 #include <algorithm>

@@ -22,7 +22,7 @@
 #include "csrc/cpu/float_types.h"
 
 #if defined(CHECK_AVX512)
-// The rest of the file, main included, for AVX-512 as rows_avx512.cc (it runs only where that is).
+// The rest of the file, main included, for AVX-512 as rows_avx512.h (it runs only where that is).
 #if defined(__clang__)
 #pragma clang attribute push(                                                                 \
     __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"))),               \
@@ -34,7 +34,7 @@
 #define TMO_SIMD_AVX512 1
 #elif defined(CHECK_AVX2)
 // The rest of the file, main included, for AVX2 + FMA + F16C (it runs only where they are).
-// clang ignores `#pragma GCC target`; it takes the attribute form rows_avx2.cc uses.
+// clang ignores `#pragma GCC target`; it takes the attribute form rows_avx2.h uses.
 #if defined(__clang__)
 #pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
 #else

@@ -78,43 +78,59 @@ Isa IsaCap() {
   return Isa::kAvx512;
 }
 
+// One variant's entry points, indexed by StorageType.
+struct VariantKernels {
+  const char* isa;
+  RowsKernel rows[3];
+  SplitRowsKernel split[3];
+};
+static_assert(static_cast<int>(StorageType::kFloat) == 0 &&
+                  static_cast<int>(StorageType::kHalf) == 1 &&
+                  static_cast<int>(StorageType::kBFloat16) == 2,
+              "VariantKernels is indexed by StorageType");
+// The VariantKernels of the variant in namespace `isa` (portable, avx2 or avx512).
+#define TF_METAL_OPS_VARIANT_KERNELS(isa)                                                    \
+  VariantKernels {                                                                          \
+    #isa,                                                                                   \
+        {&isa::ComputeRows<StorageType::kFloat>, &isa::ComputeRows<StorageType::kHalf>,     \
+         &isa::ComputeRows<StorageType::kBFloat16>},                                        \
+        {&isa::ComputeSplitRows<StorageType::kFloat>,                                       \
+         &isa::ComputeSplitRows<StorageType::kHalf>,                                        \
+         &isa::ComputeSplitRows<StorageType::kBFloat16>},                                   \
+  }
+
 // Read once: the CPU does not change, and an environment override is for tests only.
-RowsKernel ChooseRowsKernel(const char** isa, SplitRowsKernel* split) {
+VariantKernels ChooseVariant() {
   const Isa widest = WidestIsa();
   const Isa cap = IsaCap();
   const Isa chosen = static_cast<int>(widest) < static_cast<int>(cap) ? widest : cap;
+  (void)chosen;
 #if defined(__x86_64__) && !defined(TF_METAL_OPS_WITHOUT_AVX512)
-  if (chosen == Isa::kAvx512) {
-    *isa = "avx512";
-    *split = &avx512::ComputeSplitRows;
-    return &avx512::ComputeRows;
-  }
+  if (chosen == Isa::kAvx512) return TF_METAL_OPS_VARIANT_KERNELS(avx512);
 #endif
 #if defined(__x86_64__)
-  if (chosen == Isa::kAvx2) {
-    *isa = "avx2";
-    *split = &avx2::ComputeSplitRows;
-    return &avx2::ComputeRows;
-  }
+  if (chosen == Isa::kAvx2) return TF_METAL_OPS_VARIANT_KERNELS(avx2);
 #endif
-  (void)chosen;
-  *isa = "portable";
-  *split = &portable::ComputeSplitRows;
-  return &portable::ComputeRows;
+  return TF_METAL_OPS_VARIANT_KERNELS(portable);
 }
-struct RowsKernelChoice {
-  const char* isa = nullptr;
-  SplitRowsKernel split = nullptr;
-  RowsKernel kernel = ChooseRowsKernel(&isa, &split);
-};
-const RowsKernelChoice& Choice() {
-  static const RowsKernelChoice choice;
-  return choice;
+#undef TF_METAL_OPS_VARIANT_KERNELS
+const VariantKernels& Chosen() {
+  static const VariantKernels chosen = ChooseVariant();
+  return chosen;
+}
+
+// The chosen variant's instance for the batch's storage type.
+void ComputeRowsOfChosenVariant(const RowsArgs& args, int64_t begin, int64_t end) {
+  Chosen().rows[static_cast<int>(args.type)](args, begin, end);
+}
+bool ComputeSplitRowsOfChosenVariant(const RowsArgs& args, int64_t num_rows, int threads,
+                                     ParallelTasks parallel) {
+  return Chosen().split[static_cast<int>(args.type)](args, num_rows, threads, parallel);
 }
 }  // namespace
 
-RowsKernel SelectRowsKernel() { return Choice().kernel; }
-SplitRowsKernel SelectSplitRowsKernel() { return Choice().split; }
-const char* SelectedRowsIsa() { return Choice().isa; }
+RowsKernel SelectRowsKernel() { return &ComputeRowsOfChosenVariant; }
+SplitRowsKernel SelectSplitRowsKernel() { return &ComputeSplitRowsOfChosenVariant; }
+const char* SelectedRowsIsa() { return Chosen().isa; }
 
 }  // namespace tf_metal_ops

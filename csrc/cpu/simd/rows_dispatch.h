@@ -2,12 +2,17 @@
 // instruction-set variants.
 //
 // The kernels are written once (simd_kernels.h) and compiled per instruction set:
-// rows_portable.cc for the baseline every CPU of the architecture has (SSE2 on x86-64, NEON on
-// arm64; 4 lanes), rows_avx2.cc for x86-64 CPUs with AVX2, FMA and F16C (8 lanes), and
-// rows_avx512.cc for those that also have AVX-512 F, BW, VL and DQ with the OS saving its
+// rows_portable.h for the baseline every CPU of the architecture has (SSE2 on x86-64, NEON on
+// arm64; 4 lanes), rows_avx2.h for x86-64 CPUs with AVX2, FMA and F16C (8 lanes), and
+// rows_avx512.h for those that also have AVX-512 F, BW, VL and DQ with the OS saving its
 // registers (16 lanes). Which one runs is decided once per process from the CPU's feature bits
 // (rows_dispatch.cc), so a wheel built on any machine runs on every x86-64 and arm64 machine; no
 // -march flag is used.
+//
+// Each variant is compiled once per storage type, in a file of its own (rows_<isa>_<dtype>.cc):
+// the row kernels' instances are most of a build's compile time (a variant whole is about a
+// minute and a half at -O3), and an arm64 build, a Mac's included, has one variant, which as one
+// file was one compiler job however many cores the machine has.
 //
 // Each variant gives the same bits for any thread count and batch split. The variants differ
 // from one another in the last bits: a row's sums are taken lane by lane (4, 8 or 16 lanes) and
@@ -68,22 +73,29 @@ using ParallelTasks = void (*)(int64_t count, int64_t cost_per_task,
 using SplitRowsKernel = bool (*)(const RowsArgs& args, int64_t num_rows, int threads,
                                  ParallelTasks parallel);
 
+// Each variant's entry points, one instance per storage type (simd_entry_points.h).
 namespace portable {
+template <StorageType kType>
 void ComputeRows(const RowsArgs& args, int64_t begin, int64_t end);
+template <StorageType kType>
 bool ComputeSplitRows(const RowsArgs& args, int64_t num_rows, int threads,
                       ParallelTasks parallel);
-}
+}  // namespace portable
 #if defined(__x86_64__)
 namespace avx2 {
+template <StorageType kType>
 void ComputeRows(const RowsArgs& args, int64_t begin, int64_t end);
+template <StorageType kType>
 bool ComputeSplitRows(const RowsArgs& args, int64_t num_rows, int threads,
                       ParallelTasks parallel);
-}
+}  // namespace avx2
 namespace avx512 {
+template <StorageType kType>
 void ComputeRows(const RowsArgs& args, int64_t begin, int64_t end);
+template <StorageType kType>
 bool ComputeSplitRows(const RowsArgs& args, int64_t num_rows, int threads,
                       ParallelTasks parallel);
-}
+}  // namespace avx512
 #endif
 
 // The variant for this CPU. TF_METAL_OPS_CPU_ISA=portable or =avx2 in the environment (read

@@ -1,10 +1,11 @@
 // The row kernels for x86-64 CPUs with AVX-512 F, BW, VL and DQ besides AVX2, FMA and F16C
 // (16 float lanes, mask registers, masked loads and stores of 16-bit tails), chosen at run time
 // by rows_dispatch.cc only where the CPU reports them and the OS saves the ZMM and mask
-// registers. Empty on other architectures.
+// registers. Empty on other architectures. Compiled once per storage type, as rows_portable.h is,
+// by rows_avx512_<dtype>.cc.
 //
 // The instruction set is enabled by a target region around this file's own code, as in
-// rows_avx2.cc (see there why not by a compiler flag).
+// rows_avx2.h (see there why not by a compiler flag).
 #if defined(__x86_64__)
 
 #include <algorithm>

@@ -1,5 +1,8 @@
 // The row kernels for the baseline every CPU of the architecture has: SSE2 on x86-64, NEON on
-// arm64 (4 float lanes). Always built; rows_avx2.cc adds a wider variant for x86-64.
+// arm64 (4 float lanes). Always built; rows_avx2.h adds a wider variant for x86-64.
+//
+// Compiled once per storage type: rows_portable_<dtype>.cc defines TF_METAL_OPS_ROWS_STORAGE
+// and includes this (rows_dispatch.h says why a file each).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

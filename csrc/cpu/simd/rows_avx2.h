@@ -1,6 +1,7 @@
 // The row kernels for x86-64 CPUs with AVX2, FMA and F16C (8 float lanes, fused multiply-add,
 // hardware half conversions), chosen at run time by rows_dispatch.cc on CPUs that report all three
-// but not AVX-512 (rows_avx512.cc). Empty on other architectures.
+// but not AVX-512 (rows_avx512.h). Empty on other architectures. Compiled once per storage type,
+// as rows_portable.h is, by rows_avx2_<dtype>.cc.
 //
 // The instruction set is enabled by a target region around this file's own code, not by a
 // compiler flag: every standard header is included before the region, so its inline functions
