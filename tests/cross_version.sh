@@ -86,8 +86,11 @@ for version in "${VERSIONS[@]}"; do
   # From the work dir, so `import tf_metal_ops` finds the installed wheel, not the checkout;
   # tests/library_copy.py checks that it does before running the tests.
   # -n 0: one process (pyproject.toml's addopts ask for two), beside CI's sanitizer step.
+  # One pytest cache for every version, outside the checkout: what the tests build there (the
+  # MSL emulator library, metal_kernel's compiled kernels) does not depend on TensorFlow, and
+  # its keys name the compiler and flags, so the versions after the first reuse it.
   (cd "$WORK" && TF_CPP_MIN_LOG_LEVEL=2 "$venv/bin/python" "$ROOT/tests/library_copy.py" \
-     pytest "$site" -p no:cacheprovider -q -n 0 -m tf_abi "$ROOT/tests")
+     pytest "$site" -o cache_dir="$WORK/pytest_cache" -q -n 0 -m tf_abi "$ROOT/tests")
   summary+=("TensorFlow $version: ok in $(( $(date +%s) - t0 ))s")
   rm -rf "$venv"  # ~1.5 GB each
 done
