@@ -36,6 +36,10 @@
 #     a third of their instrumented compile.
 #   float-cast-overflow (not part of gcc's -fsanitize=undefined): a NaN or huge float turned
 #     into an integer is undefined behaviour too.
+#   -fno-sanitize=object-size: UBSan's object-size check tests an access against the size of
+#     the object the compiler can see, which ASan already checks for every access, to the
+#     byte, through its redzones. Left in, it was a fifth of the instrumented row kernels'
+#     compile (docs/performance.md, "CI").
 #   TF_METAL_OPS_KERNEL_SANITIZE=address and TF_METAL_OPS_CLANG=$CXX: metal_kernel's JIT-compiled
 #     kernels and their emulator are built with -fsanitize=address by $CXX, against the runtime
 #     preloaded here (the library's own flags do not reach a kernel compiled at run time).
@@ -72,7 +76,8 @@ if [ ! -e "$ASAN_RUNTIME" ]; then
 fi
 
 step "building the native library with -fsanitize=address,undefined ($CXX)"
-SANITIZE="-fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=all -fno-omit-frame-pointer -g1"
+SANITIZE="-fsanitize=address,undefined,float-cast-overflow -fno-sanitize=object-size"
+SANITIZE="$SANITIZE -fno-sanitize-recover=all -fno-omit-frame-pointer -g1"
 (
   cd "$ROOT"
   # CFLAGS reach C++ compiles on older setuptools, CXXFLAGS on newer ones; both are harmless.
