@@ -3,11 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
-import os
-import signal
-import subprocess
 import sys
-import tempfile
 import types
 from pathlib import Path
 
@@ -25,46 +21,6 @@ def pytest_report_header(config) -> str:
 
     clang = msl_build.find_clang()
     return f"clang for the Metal-source checks: {clang.describe() if clang else 'none found'}"
-
-
-def pytest_configure(config) -> None:
-    # The ziglang wheel's first link in a new environment builds zig's C++ runtime (libc++ and
-    # its ABI library, into zig's own cache): about a minute and a half on one core, during
-    # which the first test that links with it (a metal_kernel compile, the Metal sources'
-    # traffic-counting build) waits, and with two pytest workers often both. Started here, once
-    # (in the process that starts the workers), it runs beside the first tests. A link after it
-    # finds the runtime built; one that comes first waits on zig's cache lock, as it would
-    # anyway. Its failure is not the tests' business: the link that needs it reports its own.
-    # A run that ends first stops it (zig's cache keeps only whole builds), so a short run does
-    # not wait for it.
-    if hasattr(config, "workerinput"):  # a pytest-xdist worker: its controller started it
-        return
-    sys.path.insert(0, str(REPO_ROOT / "tests" / "msl_host"))
-    import msl_build
-
-    zig = msl_build.toolchain.ziglang_command()
-    if zig is None:
-        return
-    clang = msl_build.find_clang()
-    uses_zig = ((clang is not None and clang.command == zig)
-                or msl_build.toolchain.kernel_compiler()[0] == zig)
-    if not uses_zig:
-        return
-    work = tempfile.TemporaryDirectory(prefix="tfmo_zig_runtime_")
-    source = Path(work.name) / "empty.cc"
-    source.write_text("int tf_metal_ops_zig_runtime() { return 0; }\n")
-    process = subprocess.Popen([*zig, "-shared", "-fPIC", "-O2", str(source), "-o",
-                                str(Path(work.name) / "empty.so")],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               start_new_session=True)
-
-    def stop() -> None:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)  # python -m ziglang and its zig child
-        process.wait()
-        work.cleanup()
-
-    config.add_cleanup(stop)
 
 
 def _load_by_path(name: str, path: Path) -> types.ModuleType:
