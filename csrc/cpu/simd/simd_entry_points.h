@@ -6,7 +6,8 @@
 // so that a program checking a few of the kernels' terms (tests/cpu_math/shared_math_check.cc)
 // compiles only those: without these two, a template that nothing calls is never compiled.
 //
-// DELIBERATELY NO INCLUDE GUARD: included once per variant by simd_kernels.h, after the kernels.
+// DELIBERATELY NO INCLUDE GUARD: included once per variant and storage type by simd_kernels.h,
+// after the kernels.
 #if !defined(TF_METAL_OPS_ROWS_STORAGE)
 #error "define TF_METAL_OPS_ROWS_STORAGE (kFloat, kHalf or kBFloat16) before the row kernels"
 #endif
