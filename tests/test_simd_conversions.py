@@ -71,7 +71,7 @@ def converted(request, tmp_path_factory):
     half = out[2 * n:4 * n].view(np.uint16)
     loads = out[4 * n:].view(np.uint32)
     assert loads.size == 2 * 65536
-    return inputs, bf16, half, loads[:65536], loads[65536:]
+    return inputs, bf16, half, loads[:65536], loads[65536:], binary
 
 
 def _assert_rounded_like(got: np.ndarray, want: np.ndarray, inputs: np.ndarray, name: str):
@@ -92,7 +92,7 @@ def _assert_rounded_like(got: np.ndarray, want: np.ndarray, inputs: np.ndarray, 
 
 
 def test_bfloat16_store_rounds_like_ml_dtypes(converted):
-    inputs, bf16, _, _, _ = converted
+    inputs, bf16, _, _, _, _ = converted
     with np.errstate(invalid="ignore"):  # NaN inputs
         want = inputs.view(np.float32).astype(ml_dtypes.bfloat16).view(np.uint16)
     _assert_rounded_like(bf16, want, inputs, "bfloat16")
@@ -103,14 +103,30 @@ def test_bfloat16_store_rounds_like_ml_dtypes(converted):
 
 
 def test_half_store_rounds_like_numpy(converted):
-    inputs, _, half, _, _ = converted
+    inputs, _, half, _, _, _ = converted
     with np.errstate(over="ignore"):
         want = inputs.view(np.float32).astype(np.float16).view(np.uint16)
     _assert_rounded_like(half, want, inputs, "half")
 
 
 def test_loads_are_exact(converted):
-    _, _, _, from_bf16, from_half = converted
+    _, _, _, from_bf16, from_half, _ = converted
+    _assert_loads_exact(from_bf16, from_half)
+
+
+def test_loads_are_exact_where_denormals_are_flushed(converted):
+    """The kernels run on TensorFlow's threads, which flush denormals: a subnormal half (down to
+    6e-8, a class weight or a small target) must still load as its value, not as zero."""
+    binary = converted[-1]
+    ran = subprocess.run([str(binary), "flush"], input=b"", capture_output=True, timeout=600,
+                         check=False)
+    assert ran.returncode == 0, ran.stderr.decode()[-3000:]
+    loads = np.frombuffer(ran.stdout, dtype=np.uint32)
+    assert loads.size == 2 * 65536
+    _assert_loads_exact(loads[:65536], loads[65536:])
+
+
+def _assert_loads_exact(from_bf16: np.ndarray, from_half: np.ndarray) -> None:
     patterns = np.arange(65536, dtype=np.uint32).astype(np.uint16)
     for got, reference in ((from_bf16, ml_dtypes.bfloat16), (from_half, np.float16)):
         want = patterns.view(reference).astype(np.float32)

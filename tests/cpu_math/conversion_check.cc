@@ -2,7 +2,7 @@
 // StoreFull, StoreN for half and bfloat16), for tests/test_simd_conversions.py to compare with
 // NumPy's float16 and ml_dtypes' bfloat16.
 //
-//   conversion_check < floats > out
+//   conversion_check [flush] < floats > out
 // reads float32 bit patterns (uint32, native order) from stdin and writes, as uint16: the
 // bfloat16 stores of them, then the half stores of them; then, as uint32, the float32 loads of
 // every bfloat16 bit pattern (0 ... 65535), then of every half bit pattern. Elements go through
@@ -124,7 +124,22 @@ std::vector<uint32_t> Loads() {
 
 }  // namespace
 
-int main() {
+// Denormal inputs and results of float arithmetic read and written as zero, as on TensorFlow's
+// threads (its kernels run with flush-to-zero and denormals-are-zero set), where the kernels'
+// loads run.
+void FlushDenormals() {
+#if defined(__x86_64__)
+  _mm_setcsr(_mm_getcsr() | 0x8040);  // FTZ (bit 15) and DAZ (bit 6)
+#elif defined(__aarch64__)
+  uint64_t fpcr;
+  __asm__ __volatile__("mrs %0, fpcr" : "=r"(fpcr));
+  fpcr |= uint64_t{1} << 24;  // FZ
+  __asm__ __volatile__("msr fpcr, %0" : : "r"(fpcr));
+#endif
+}
+
+int main(int argc, char** argv) {
+  if (argc > 1 && std::strcmp(argv[1], "flush") == 0) FlushDenormals();
   std::vector<float> in;
   uint32_t buffer[4096];
   size_t got;

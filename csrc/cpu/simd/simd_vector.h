@@ -390,18 +390,23 @@ TMO_SIMD_INLINE VF LoadFull(const Half* p) {
 #elif defined(__aarch64__)
   return (VF)vcvt_f32_f16(vld1_f16(reinterpret_cast<const __fp16*>(p)));
 #else
-  // IEEE half -> float by bits: move exponent and mantissa up 13 places and multiply by
-  // 2^(127 - 15), which rebiases the exponent and also normalizes subnormal halves. Inf and NaN
-  // (exponent all ones) get a float exponent of all ones instead, keeping the NaN payload.
+  // IEEE half -> float by bits: exponent and mantissa moved up 13 places, the exponent rebiased
+  // by adding 127 - 15 to it. A subnormal half (exponent 0) is its mantissa times 2^-24, made
+  // from the integer: a float32 subnormal at any step would read as zero on a thread that
+  // flushes denormals, as TensorFlow's do. Inf and NaN (exponent all ones) get a float exponent
+  // of all ones instead, keeping the NaN payload.
   VH h;
   std::memcpy(&h, p, sizeof(h));
   const VU wide = __builtin_convertvector(h, VU);
   const VU sign = (wide & SplatU(0x8000u)) << 16;
   const VU magnitude = wide & SplatU(0x7fffu);
-  const VF scaled = FromBits(magnitude << 13) * Splat(5.192296858534828e+33f);  // 2^112
-  const VI special = (VI)(magnitude >= SplatU(0x7c00u));
+  const VF normal = FromBits((magnitude << 13) + SplatU((127u - 15u) << 23));
+  const VF subnormal =
+      __builtin_convertvector((VI)magnitude, VF) * Splat(5.9604644775390625e-08f);  // 2^-24
   const VF inf_nan = FromBits((magnitude << 13) | SplatU(0x7f800000u));
-  return FromBits(Bits(Select(special, inf_nan, scaled)) | sign);
+  VF value = Select((VI)(magnitude < SplatU(0x0400u)), subnormal, normal);
+  value = Select((VI)(magnitude >= SplatU(0x7c00u)), inf_nan, value);
+  return FromBits(Bits(value) | sign);
 #endif
 }
 
