@@ -43,10 +43,11 @@ def _logits(rows: int, classes: int, seed: int) -> np.ndarray:
 
 def _check(dtype, classes: int, gamma: float, eps: float, rows: int = 6,
            ignore_class: int | None = None, class_weights: np.ndarray | None = None,
-           dense: bool = False) -> None:
+           dense: bool = False, margin: float = 0.0) -> None:
     z64 = _logits(rows, classes, seed=classes)
     labels = np.arange(rows) % classes
     labels[2] = 0
+    z64[np.arange(rows), labels] += margin  # a trained model's rows: p_y near 1
     if dense:
         labels = np.random.default_rng(rows).dirichlet(np.ones(classes), size=rows)
     z = tf.cast(tf.constant(z64), dtype)
@@ -106,7 +107,24 @@ def test_row_groups_match_reference(dtype, classes):
     _check_groups(dtype, classes)
 
 
-# The tail and group tests above, as a child process runs them on a narrower variant.
+# A trained model's rows: nearly every row's labelled class has p > 1/2, where the focal
+# passes take r = 1 - p from lp (for gamma 1 and 2 in the vector, for other gamma in scalar),
+# in rows of few classes (groups), a vector and a tail, and long rows.
+def _check_confident(dtype) -> None:
+    for classes in (10, 33, 1000):
+        for gamma in (1.0, 2.0, 0.5):
+            for eps in (0.0, 0.1):
+                _check(dtype, classes, gamma, eps, rows=40, margin=12.0)
+        _check(dtype, classes, 2.0, 0.1, rows=40, margin=12.0, dense=True)
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float16, tf.bfloat16])
+def test_confident_rows_match_reference(dtype):
+    _check_confident(dtype)
+
+
+# The tail, group and confident-row tests above, as a child process runs them on a narrower
+# variant.
 VARIANT_CHECKS = """
         for dtype in (tf.float32, tf.float16, tf.bfloat16):
             for classes in t.CLASS_COUNTS:
@@ -114,6 +132,7 @@ VARIANT_CHECKS = """
                     t._check(dtype, classes, gamma, eps)
             for classes in t.GROUP_CLASS_COUNTS:
                 t._check_groups(dtype, classes)
+            t._check_confident(dtype)
     """
 
 

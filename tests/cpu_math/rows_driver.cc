@@ -2,13 +2,15 @@
 // counted (load on a shared machine does not move them) and their time taken beside the memory
 // floor's passes. It runs what CustomLoss() runs in training: the forward op writing the loss,
 // the row statistics and the scaled gradient (row scales 1 / N), int32 labels, float32 logits
-// (or float16 / bfloat16: the optional last argument).
+// (or float16 / bfloat16), standard normal logits; with a margin, the labelled logit of each
+// row is raised by it, as in a trained model's confident rows (p_y near 1).
 //
 //   g++ -O3 -std=c++17 -fno-strict-aliasing -ffp-contract=off -pthread -I. \
 //     -I"$(python -c 'import tensorflow as tf, os; print(os.path.dirname(tf.__file__))')/include" \
 //     tests/cpu_math/rows_driver.cc csrc/cpu/simd/rows_*.cc csrc/cpu/thread_pool.cc \
 //     csrc/cpu/memory_floor.cc -o rows_driver
-//   valgrind --tool=callgrind ./rows_driver 65536 10 3 1   # N C repeats threads [eps gamma dtype]
+//   valgrind --tool=callgrind ./rows_driver 65536 10 3 1   # N C repeats threads
+//                                                           #   [eps gamma dtype margin]
 //   callgrind_annotate --inclusive=yes callgrind.out.* | grep 'ComputeRows<\|ComputeSplitRows<'
 //
 // It prints the median milliseconds of the kernel and of the floor's two passes.
@@ -86,7 +88,8 @@ double Median(std::vector<double> values) {
 int main(int argc, char** argv) {
   if (argc < 5) {
     std::fprintf(stderr,
-                 "usage: %s N C repeats threads [label_smoothing gamma [float32|float16|bfloat16]]\n",
+                 "usage: %s N C repeats threads [label_smoothing gamma "
+                 "[float32|float16|bfloat16 [margin]]]\n",
                  argv[0]);
     return 2;
   }
@@ -97,6 +100,7 @@ int main(int argc, char** argv) {
   const float eps = argc > 5 ? static_cast<float>(std::atof(argv[5])) : 0.0f;
   const float gamma = argc > 6 ? static_cast<float>(std::atof(argv[6])) : 0.0f;
   const std::string dtype = argc > 7 ? argv[7] : "float32";
+  const float margin = argc > 8 ? static_cast<float>(std::atof(argv[8])) : 0.0f;
   if (rows < 1 || classes < 1 || repeats < 1) {
     std::fprintf(stderr, "N, C and repeats must be >= 1\n");
     return 2;
@@ -117,6 +121,7 @@ int main(int argc, char** argv) {
   std::normal_distribution<float> normal;
   for (float& z : values) z = normal(random);
   for (int32_t& y : labels) y = static_cast<int32_t>(random() % classes);
+  for (int64_t row = 0; row < rows; ++row) values[row * classes + labels[row]] += margin;
   TypedRows logits = MakeRows(type, values);
   TypedRows gradient = MakeRows(type, values);
   TypedRows loss = MakeRows(type, std::vector<float>(rows));

@@ -154,6 +154,7 @@ int main(int argc, char** argv) {
   using tf_metal_ops::Expm1;
   using tf_metal_ops::Log;
   using tf_metal_ops::Log1p;
+  using tf_metal_ops::OneMinusExpNearZero;
   Measure("exp", [](VF v) { return Exp(v); }, [](double x) { return std::exp(x); }, -inf, inf,
           stride);
   Measure("log", [](VF v) { return Log(v); }, [](double x) { return std::log(x); }, 0.0f, inf,
@@ -162,6 +163,9 @@ int main(int argc, char** argv) {
           inf, stride);
   Measure("expm1", [](VF v) { return Expm1(v); }, [](double x) { return std::expm1(x); }, -inf,
           inf, stride);
+  // Its domain: lp = log p of the classes the focal passes find with p > 1/2, and a margin.
+  Measure("one_minus_exp", [](VF v) { return OneMinusExpNearZero(v); },
+          [](double x) { return -std::expm1(x); }, -0.6931472f - 0.0625f, 0.0f, stride);
 
   const float exp_cases[][2] = {{nan, nan}, {-inf, 0.0f}, {inf, inf}, {100.0f, inf},
                                 {-110.0f, 0.0f}, {0.0f, 1.0f}};
@@ -170,11 +174,14 @@ int main(int argc, char** argv) {
                                   {0.0f, 0.0f}, {1e-30f, 1e-30f}};
   const float expm1_cases[][2] = {{nan, nan}, {-inf, -1.0f}, {inf, inf}, {0.0f, 0.0f},
                                   {-100.0f, -1.0f}, {1e-30f, 1e-30f}};
+  const float one_minus_exp_cases[][2] = {{nan, nan}, {0.0f, 0.0f}, {-0.0f, 0.0f},
+                                          {-1e-30f, 1e-30f}, {-0.6931471805599453f, 0.5f}};
   Specials("exp", [](VF v) { return Exp(v); }, exp_cases, 6);
   PlainExpMatches(stride);
   Specials("log", [](VF v) { return Log(v); }, log_cases, 5);
   Specials("log1p", [](VF v) { return Log1p(v); }, log1p_cases, 6);
   Specials("expm1", [](VF v) { return Expm1(v); }, expm1_cases, 6);
+  Specials("one_minus_exp", [](VF v) { return OneMinusExpNearZero(v); }, one_minus_exp_cases, 5);
   return 0;
 }
 

@@ -34,12 +34,14 @@
 // nothing is rounded to 16 bits before the end; so do float rows whose gradient overwrites the
 // logits themselves (args.in_place), since later passes still read z_c.
 //
-// Where the vector formulas are not exact enough the shared scalar math (custom_loss_math.h)
-// takes over for that element: r_c = 1 - p_c is exact to an ulp only for p_c <= 1/2, so lanes
-// with p_c > 1/2 (at most one class per row, since the p_c sum to 1) are recomputed with
-// r = -expm1(lp) and its limits; that keeps the confident-row exactness and the gamma < 1
-// limits. tests/cpu_math/shared_math_check.cc checks the vector terms against the scalar ones.
-// The labelled class's own terms in the sparse, unsmoothed case are scalar anyway.
+// r_c = 1 - p_c is exact to an ulp only for p_c <= 1/2. Lanes with p_c > 1/2 (at most one
+// class per row, since the p_c sum to 1: in a trained model's rows, the labelled one) take
+// r = -expm1(lp) instead, as the shared scalar math (custom_loss_math.h) does, which keeps a
+// confident row's digits. For gamma 1 and 2 that r is computed in the vector
+// (OneMinusExpNearZero) and the lane's terms follow from the vector formulas; for other gamma
+// those lanes are recomputed by the scalar code, whose limits (gamma < 1 at p -> 1) the vector
+// power does not have. tests/cpu_math/shared_math_check.cc checks the vector terms against the
+// scalar ones. The labelled class's own terms in the sparse, unsmoothed case are scalar anyway.
 
 #ifndef TF_METAL_OPS_SIMD_LANES
 #error "include simd_vector.h (with TF_METAL_OPS_SIMD_LANES) before simd_rows.h"
@@ -591,12 +593,12 @@ TMO_SIMD_INLINE RowSoftmax ReadRowStats(const float* stats, int64_t row) {
   return softmax;
 }
 
-// The lanes whose p > 1/2: recompute them in scalar (see the top of this file).
-TMO_SIMD_INLINE VI NeedsScalar(VF p) { return p > Splat(0.5f); }
+// The lanes whose p > 1/2, where r = 1 - p is not exact enough (see the top of this file).
+TMO_SIMD_INLINE VI Confident(VF p) { return p > Splat(0.5f); }
 
 // The focal loss terms (into `loss`, unless null) and factors (into `factor`, unless null) of
-// the lanes in `fix`, in scalar. A function of its own, called rarely (at most one class of a
-// row has p > 1/2): inlined into each unrolled vector of every focal variant, the scalar
+// the lanes in `fix`, in scalar (gamma other than 1 and 2). A function of its own, called for
+// at most one class of a row (p > 1/2): inlined into each unrolled vector of every focal variant, the scalar
 // functions were most of the variants' code and compile time, for no speed.
 __attribute__((noinline, cold)) inline void RecomputeInScalar(const VI& fix, const VF& lp,
                                                              const VF& w, float gamma, VF* loss,
@@ -616,11 +618,11 @@ struct SoftmaxLanes {
     return {Splat(sm.max), Splat(sm.log_sum), Splat(sm.inv_sum)};
   }
   // Whether any p_c = e_c * inv_sum of these rows can exceed 1/2, so that a pass must test its
-  // lanes for the scalar code. Every e_c = exp(z_c - max) is at most 1 (z_c <= max, and Exp
+  // lanes for Confident. Every e_c = exp(z_c - max) is at most 1 (z_c <= max, and Exp
   // never rounds above 1 below 0), so p_c <= inv_sum: a row whose inv_sum is at most 1/2 (its
   // largest p is) has no such lane, and its passes skip the test. (A NaN inv_sum makes every
   // p NaN, which the test lets through anyway.)
-  bool MayNeedScalar() const { return Any(inv_sum > Splat(0.5f)); }
+  bool MayBeConfident() const { return Any(inv_sum > Splat(0.5f)); }
 };
 
 // Forward of a general row with gamma = 0 (smoothing, dense targets or class weights all
@@ -647,13 +649,14 @@ enum class FocalOutputs { kLoss, kFactor, kBoth };
 
 // One class's focal quantities, vector by vector. For gamma = 1 and 2 the factor is
 // r - p lp and r (r - 2 p lp), the same quantity without a division: on these lanes r >= 1/2
-// and p lp <= 0, so nothing cancels. kCheckScalar: some lane may have p > 1/2
-// (SoftmaxLanes::MayNeedScalar), to be recomputed in scalar. kWeightsNonzero: no class of a
+// and p lp <= 0, so nothing cancels. kCheckConfident: some lane may have p > 1/2
+// (SoftmaxLanes::MayBeConfident), whose r comes from lp (gamma 1 and 2) or whose terms are
+// recomputed in scalar (other gamma). kWeightsNonzero: no class of a
 // full vector has w_c = 0 (Weights::NeverZero), so no lane needs the w = 0 rule there.
 // kFiniteLp: every lp_c of the row is finite (its logits span less than Exp's plain range,
 // RowRange::plain_exp), so where p = 0, p lp is a zero already and needs no test: its sign
 // cannot matter, since the factor only subtracts it from r or 1 (r - (-0) = r - 0 = r).
-template <FocalOutputs kOutputs, GammaKind kGamma, bool kCheckScalar, bool kWeightsNonzero,
+template <FocalOutputs kOutputs, GammaKind kGamma, bool kCheckConfident, bool kWeightsNonzero,
           bool kFiniteLp, typename T, typename Weights>
 struct FocalTermsOp {
   static constexpr bool kLoss = kOutputs != FocalOutputs::kFactor;
@@ -669,7 +672,14 @@ struct FocalTermsOp {
     const VF w = WeightsAt<kFull, kLabelBlock>(weights, c, n);
     const VF lp = (LoadBlock<kFull>(z + c, n, 0.0f) - max) - log_sum;
     const VF p = LoadBlock<kFull>(e + c, n, 0.0f) * inv_sum;
-    const VF r = Splat(1.0f) - p;
+    VF r = Splat(1.0f) - p;
+    if constexpr (kCheckConfident && kGamma != GammaKind::kGeneral) {
+      // r = -expm1(lp) where p > 1/2, as the scalar code takes it, in the vector: for gamma 1
+      // and 2 the terms below then hold for those lanes too (r^gamma is r or r * r, and
+      // r - gamma p lp adds two terms of one sign).
+      const VI confident = Confident(p);
+      if (Any(confident)) r = Select(confident, OneMinusExpNearZero(lp), r);
+    }
     const VF power = PowVector<kGamma>(r, gamma);
     VF loss{};
     VF factor{};
@@ -685,8 +695,8 @@ struct FocalTermsOp {
         factor = power * (Splat(1.0f) - Splat(gamma) * (p_lp / r));
       }
     }
-    if constexpr (kCheckScalar) {
-      const VI fix = NeedsScalar(p);
+    if constexpr (kCheckConfident && kGamma == GammaKind::kGeneral) {
+      const VI fix = Confident(p);
       if (Any(fix)) {
         RecomputeInScalar(fix, lp, w, gamma, kLoss ? &loss : nullptr,
                           kFactor ? &factor : nullptr);
@@ -711,29 +721,29 @@ struct FocalTermsOp {
 
 // Each variant is a function of its own: inlined together into FocalTerms, GCC kept the op's
 // pointers and constants on the stack and reloaded them in every vector of the loop.
-template <FocalOutputs kOutputs, bool kFold, GammaKind kGamma, bool kCheckScalar,
+template <FocalOutputs kOutputs, bool kFold, GammaKind kGamma, bool kCheckConfident,
           bool kWeightsNonzero, bool kFiniteLp, typename T, typename Weights>
 __attribute__((noinline)) auto FocalTermsOf(const T* z, const Weights& weights, const SoftmaxLanes& sm,
                              const float* e, float* g, float gamma, int64_t length) {
-  FocalTermsOp<kOutputs, kGamma, kCheckScalar, kWeightsNonzero, kFiniteLp, T, Weights> op{
+  FocalTermsOp<kOutputs, kGamma, kCheckConfident, kWeightsNonzero, kFiniteLp, T, Weights> op{
       z, e, weights, g, gamma, sm.max, sm.log_sum, sm.inv_sum};
   return SumOfBlocksAroundLabel<kFold>(length, op, LabelOf(weights));
 }
 
 // kFiniteLp is taken only where a pass computes both outputs (a forward writing the gradient,
 // which alone knows the row's range): elsewhere it would only multiply the variants compiled.
-template <FocalOutputs kOutputs, bool kFold, GammaKind kGamma, bool kCheckScalar,
+template <FocalOutputs kOutputs, bool kFold, GammaKind kGamma, bool kCheckConfident,
           bool kWeightsNonzero, typename T, typename Weights>
 TMO_SIMD_INLINE auto FocalTermsOfRange(const T* z, const Weights& weights,
                                        const SoftmaxLanes& sm, const float* e, float* g,
                                        float gamma, int64_t length, bool finite_lp) {
   if constexpr (kOutputs == FocalOutputs::kBoth) {
     if (finite_lp) {
-      return FocalTermsOf<kOutputs, kFold, kGamma, kCheckScalar, kWeightsNonzero, true>(
+      return FocalTermsOf<kOutputs, kFold, kGamma, kCheckConfident, kWeightsNonzero, true>(
           z, weights, sm, e, g, gamma, length);
     }
   }
-  return FocalTermsOf<kOutputs, kFold, kGamma, kCheckScalar, kWeightsNonzero, false>(
+  return FocalTermsOf<kOutputs, kFold, kGamma, kCheckConfident, kWeightsNonzero, false>(
       z, weights, sm, e, g, gamma, length);
 }
 
@@ -742,7 +752,7 @@ TMO_SIMD_INLINE auto FocalTermsChecked(const T* z, const Weights& weights,
                                        const SoftmaxLanes& sm, const float* e, float* g,
                                        float gamma, int64_t length, bool finite_lp) {
   const bool nonzero = weights.NeverZero();
-  if (sm.MayNeedScalar()) {
+  if (sm.MayBeConfident()) {
     return nonzero ? FocalTermsOfRange<kOutputs, kFold, kGamma, true, true>(
                          z, weights, sm, e, g, gamma, length, finite_lp)
                    : FocalTermsOfRange<kOutputs, kFold, kGamma, true, false>(

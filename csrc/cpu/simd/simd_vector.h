@@ -260,11 +260,22 @@ TMO_SIMD_INLINE VF ClampKeepingNaN(VF x, float lo, float hi) {
 // per vector of the row's most frequent operation.
 constexpr float kExpPlainRange = 87.3f;
 
+constexpr float kLn2Hi = 0.693145751953125f;          // 0x3f317200
+constexpr float kLn2Lo = 1.428606820309417232e-06f;   // ln 2 - kLn2Hi
+
+// exp(f) - 1 = f + f^2 P(f) for f in [-ln2/2, ln2/2] (P above).
+TMO_SIMD_INLINE VF Expm1Reduced(VF f) {
+  VF poly = Splat(1.381461276e-03f);
+  poly = Fma(poly, f, Splat(8.368710056e-03f));
+  poly = Fma(poly, f, Splat(4.166838899e-02f));
+  poly = Fma(poly, f, Splat(1.666652113e-01f));
+  poly = Fma(poly, f, Splat(4.999999404e-01f));
+  return Fma(poly, f * f, f);
+}
+
 template <bool kAnyRange = true>
 TMO_SIMD_INLINE VF Exp(VF x) {
   constexpr float kLog2e = 1.44269504088896341f;
-  constexpr float kLn2Hi = 0.693145751953125f;          // 0x3f317200
-  constexpr float kLn2Lo = 1.428606820309417232e-06f;   // ln 2 - kLn2Hi
   constexpr float kRoundMagic = 12582912.0f;            // 1.5 * 2^23: adding it rounds to an integer
   const VF xc = kAnyRange ? ClampKeepingNaN(x, -104.0f, 89.0f) : x;
   // k + 1.5 * 2^23 holds the integer k in its low mantissa bits.
@@ -272,12 +283,7 @@ TMO_SIMD_INLINE VF Exp(VF x) {
   const VF kf = k_magic - Splat(kRoundMagic);
   VF f = Fma(kf, Splat(-kLn2Hi), xc);
   f = Fma(kf, Splat(-kLn2Lo), f);
-  VF poly = Splat(1.381461276e-03f);
-  poly = Fma(poly, f, Splat(8.368710056e-03f));
-  poly = Fma(poly, f, Splat(4.166838899e-02f));
-  poly = Fma(poly, f, Splat(1.666652113e-01f));
-  poly = Fma(poly, f, Splat(4.999999404e-01f));
-  const VF expm1f = Fma(poly, f * f, f);  // exp(f) - 1
+  const VF expm1f = Expm1Reduced(f);  // exp(f) - 1
   // |x| <= 87.3 gives k in [-126, 126]. (A NaN lane passes the test with a meaningless k; its
   // result is NaN, from expm1f.)
   if (!kAnyRange || !Any(FromBits(Bits(xc) & SplatU(0x7fffffffu)) > Splat(kExpPlainRange))) {
@@ -303,8 +309,6 @@ TMO_SIMD_INLINE VF Exp(VF x) {
 // - e ln 2 again in two parts, the large one added last so no digit of log(m) is lost.
 // - Subnormal inputs are scaled by 2^23 first; 0, negatives, inf and NaN are set at the end.
 TMO_SIMD_INLINE VF Log(VF x) {
-  constexpr float kLn2Hi = 0.693145751953125f;
-  constexpr float kLn2Lo = 1.428606820309417232e-06f;
   constexpr float kMinNormal = 1.17549435e-38f;  // 2^-126
   const VI subnormal = x < Splat(kMinNormal);
   const VF xs = Select(subnormal, x * Splat(8388608.0f), x);  // * 2^23
@@ -359,6 +363,20 @@ TMO_SIMD_INLINE VF Expm1(VF x) {
   result = Select(um1 == Splat(0.0f), x, result);
   result = Select(um1 == Splat(-1.0f), um1, result);
   return Select(u == Splat(std::numeric_limits<float>::infinity()), u, result);
+}
+
+// 1 - exp(x) = -expm1(x) for x in [-ln 2 - 1/16, 0]: a softmax's r = 1 - p from lp = log p
+// where p > 1/2, which 1 - p would round away. Exp's reduction with k = 0 or -1 only, so no
+// Log and no division (Expm1 above): where x < -ln2/2, f = x + ln 2 (x + kLn2Hi is exact, the
+// operands being within a factor of two) and 1 - exp(x) = 1/2 - (exp(f) - 1) / 2; elsewhere
+// f = x and 1 - exp(x) = -(exp(f) - 1). Within 0.94 ulp over every 16th float32 of that
+// domain against the double-precision libm (tests/test_simd_math.py checks every 256th against
+// 1 ulp); x = +-0 gives +0, NaN stays NaN.
+TMO_SIMD_INLINE VF OneMinusExpNearZero(VF x) {
+  const VI reduced = x < Splat(-0.3465735903f);  // -ln2/2
+  const VF f = Select(reduced, (x + Splat(kLn2Hi)) + Splat(kLn2Lo), x);
+  const VF q = Expm1Reduced(f);
+  return Select(reduced, Splat(0.5f) - Splat(0.5f) * q, Splat(0.0f) - q);
 }
 
 // ---- loads and stores of every storage type, widened to / narrowed from float -----------------
