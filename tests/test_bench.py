@@ -133,10 +133,31 @@ def test_bench_dtype_times_every_case_with_that_dtypes_floor(dtype, itemsize):
 
 
 @pytest.mark.parametrize("argv", [["--sizes", "10by3"], ["--sizes", "0x5"], ["--repeats", "0"],
-                                  ["--threads", "-1"], ["--dtype", "int8"], ["--no-such-flag"]])
+                                  ["--threads", "-1"], ["--dtype", "int8"], ["--no-such-flag"],
+                                  ["--margin", "-1"], ["--margin", "nan"], ["--margin", "eight"]])
 def test_bench_usage_errors_exit_2(argv, capsys):
     assert bench.main(argv) == 2
     assert "usage" in capsys.readouterr().err
+
+
+def test_bench_margin_raises_each_rows_labelled_logit():
+    base, _, labels = bench._make_inputs(64, 10)
+    raised, logits, same_labels = bench._make_inputs(64, 10, margin=8.0)
+    np.testing.assert_array_equal(same_labels.numpy(), labels.numpy())
+    rows = np.arange(64)
+    np.testing.assert_allclose(raised[rows, labels.numpy()] - base[rows, labels.numpy()], 8.0,
+                               rtol=1e-6)
+    others = np.ones_like(base, dtype=bool)
+    others[rows, labels.numpy()] = False
+    np.testing.assert_array_equal(raised[others], base[others])
+    np.testing.assert_array_equal(logits.numpy(), raised)
+    size = bench.time_size(16, 10, 1, bench._Progress(1, enabled=False),
+                           cases=("ours_focal", "floor"), margin=8.0)
+    assert set(size["median_ms"]) == {"ours_focal", "floor"}, size["errors"]
+    report = {"environment": dict(bench.environment()), "sizes": [size],
+              "settings": {"dtype": "float32", "margin": 8.0}}
+    assert "each row's labelled one raised by 8" in bench.format_table(report)
+    assert bench.build_parser().parse_args(["--margin", "12"]).margin == 12.0
 
 
 def test_bench_orders_run_every_case_once_and_vary_each_ones_predecessor():
