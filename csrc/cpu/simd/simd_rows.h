@@ -598,8 +598,8 @@ TMO_SIMD_INLINE VI Confident(VF p) { return p > Splat(0.5f); }
 
 // The focal loss terms (into `loss`, unless null) and factors (into `factor`, unless null) of
 // the lanes in `fix`, in scalar (gamma other than 1 and 2). A function of its own, called for
-// at most one class of a row (p > 1/2): inlined into each unrolled vector of every focal variant, the scalar
-// functions were most of the variants' code and compile time, for no speed.
+// at most one class of a row (p > 1/2): inlined into each unrolled vector of every focal
+// variant, the scalar functions were most of the variants' code and compile time, for no speed.
 __attribute__((noinline, cold)) inline void RecomputeInScalar(const VI& fix, const VF& lp,
                                                              const VF& w, float gamma, VF* loss,
                                                              VF* factor) {
@@ -648,11 +648,11 @@ struct CrossEntropyLossOp {
 enum class FocalOutputs { kLoss, kFactor, kBoth };
 
 // One class's focal quantities, vector by vector. For gamma = 1 and 2 the factor is
-// r - p lp and r (r - 2 p lp), the same quantity without a division: on these lanes r >= 1/2
-// and p lp <= 0, so nothing cancels. kCheckConfident: some lane may have p > 1/2
-// (SoftmaxLanes::MayBeConfident), whose r comes from lp (gamma 1 and 2) or whose terms are
-// recomputed in scalar (other gamma). kWeightsNonzero: no class of a
-// full vector has w_c = 0 (Weights::NeverZero), so no lane needs the w = 0 rule there.
+// r - p lp and r (r - 2 p lp), the same quantity without a division: r >= 0 and p lp <= 0, so
+// nothing cancels. kCheckConfident: some lane may have p > 1/2 (SoftmaxLanes::MayBeConfident),
+// whose r comes from lp (gamma 1 and 2) or whose terms are recomputed in scalar (other gamma).
+// kWeightsNonzero: no class of a full vector has w_c = 0 (Weights::NeverZero), so no lane needs
+// the w = 0 rule there.
 // kFiniteLp: every lp_c of the row is finite (its logits span less than Exp's plain range,
 // RowRange::plain_exp), so where p = 0, p lp is a zero already and needs no test: its sign
 // cannot matter, since the factor only subtracts it from r or 1 (r - (-0) = r - 0 = r).
